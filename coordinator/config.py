@@ -1,0 +1,186 @@
+"""Server configuration: Kafka-style dotted keys, validated by msgspec.
+
+A TOML file may spell keys flat (``"group.connect.session.timeout.ms" = 10000``) or as
+nested tables (``[group.connect]`` ...); both flatten to the dotted key. ``--set KEY=VALUE``
+overrides the file. Unknown keys and out-of-bounds values stop start-up with a message that
+names the key.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Annotated, Any
+
+import msgspec
+from msgspec import Meta
+
+MS_HOUR = 3_600_000
+
+
+class ConfigError(ValueError):
+    """A configuration problem, with a message that names the offending key."""
+
+
+class ServerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Every server configuration key with its default; bounds live in the annotations."""
+
+    session_timeout_ms: Annotated[int, Meta(ge=1_000, le=MS_HOUR)] = 10_000
+    heartbeat_interval_ms: Annotated[int, Meta(ge=100, le=600_000)] = 3_000
+    max_size: Annotated[int, Meta(ge=1, le=1_000_000)] = 10_000
+    server_assignors: tuple[str, ...] = ("balanced", "round-robin")
+    assignment_interval_ms: Annotated[int, Meta(ge=0, le=15_000)] = 1_000
+    assignor_offload_enable: bool = True
+    assignor_run_timeout_ms: Annotated[int, Meta(ge=100, le=MS_HOUR)] = 30_000
+    background_threads: Annotated[int, Meta(ge=1, le=64)] = 2
+    scheduled_rebalance_max_delay_ms: Annotated[int, Meta(ge=0, le=24 * MS_HOUR)] = 300_000
+    max_frame_bytes: Annotated[int, Meta(ge=1_024, le=2**31 - 1)] = 104_857_600
+    shutdown_timeout_ms: Annotated[int, Meta(ge=0, le=600_000)] = 10_000
+    log_segment_bytes: Annotated[int, Meta(ge=4_096, le=2**31 - 1)] = 64 * 1024 * 1024
+    log_compaction_interval_ms: Annotated[int, Meta(ge=1_000, le=24 * MS_HOUR)] = 600_000
+    log_tombstone_retention_ms: Annotated[int, Meta(ge=0, le=30 * 24 * MS_HOUR)] = 24 * MS_HOUR
+    metrics_per_group_max: Annotated[int, Meta(ge=0, le=100_000)] = 100
+
+    def __post_init__(self) -> None:
+        if self.heartbeat_interval_ms >= self.session_timeout_ms:
+            raise ConfigError(
+                "group.connect.heartbeat.interval.ms must be below "
+                f"group.connect.session.timeout.ms ({self.heartbeat_interval_ms} >= "
+                f"{self.session_timeout_ms})"
+            )
+
+
+# Dotted key -> field name; the dotted names are the public ones (README, --set, TOML).
+CONFIG_KEYS: dict[str, str] = {
+    "group.connect.session.timeout.ms": "session_timeout_ms",
+    "group.connect.heartbeat.interval.ms": "heartbeat_interval_ms",
+    "group.connect.max.size": "max_size",
+    "group.connect.server.assignors": "server_assignors",
+    "group.connect.assignment.interval.ms": "assignment_interval_ms",
+    "group.connect.assignor.offload.enable": "assignor_offload_enable",
+    "group.connect.assignor.run.timeout.ms": "assignor_run_timeout_ms",
+    "group.coordinator.background.threads": "background_threads",
+    "scheduled.rebalance.max.delay.ms": "scheduled_rebalance_max_delay_ms",
+    "server.max.frame.bytes": "max_frame_bytes",
+    "server.shutdown.timeout.ms": "shutdown_timeout_ms",
+    "log.segment.bytes": "log_segment_bytes",
+    "log.compaction.interval.ms": "log_compaction_interval_ms",
+    "log.tombstone.retention.ms": "log_tombstone_retention_ms",
+    "metrics.per_group.max": "metrics_per_group_max",
+}
+FIELD_KEYS = {field: key for key, field in CONFIG_KEYS.items()}
+
+
+def _flatten(table: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for name, value in table.items():
+        key = f"{prefix}{name}"
+        if isinstance(value, dict) and key not in CONFIG_KEYS:
+            flat.update(_flatten(value, key + "."))
+        else:
+            flat[key] = value
+    return flat
+
+
+def _parse_set(item: str) -> tuple[str, Any]:
+    key, sep, raw = item.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise ConfigError(f"--set expects KEY=VALUE, got {item!r}")
+    if key not in CONFIG_KEYS:
+        raise ConfigError(f"unknown config key {key!r} (known: {', '.join(sorted(CONFIG_KEYS))})")
+    field = CONFIG_KEYS[key]
+    if field == "server_assignors":
+        return key, [name.strip() for name in raw.split(",") if name.strip()]
+    # TOML scalar syntax gives ints, booleans and quoted strings their natural types.
+    try:
+        return key, tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        return key, raw
+
+
+def build_config(values: Mapping[str, Any]) -> ServerConfig:
+    """Validate a flat mapping of dotted keys into a ServerConfig."""
+    unknown = sorted(set(values) - set(CONFIG_KEYS))
+    if unknown:
+        raise ConfigError(
+            f"unknown config key {unknown[0]!r} (known: {', '.join(sorted(CONFIG_KEYS))})"
+        )
+    fields = {CONFIG_KEYS[key]: value for key, value in values.items()}
+    try:
+        return msgspec.convert(fields, ServerConfig)
+    except msgspec.ValidationError as error:
+        message = str(error)
+        # msgspec names the field as `$.field_name`; say the public dotted key instead.
+        for field, key in FIELD_KEYS.items():
+            message = message.replace(f"`$.{field}`", f"`{key}`")
+        raise ConfigError(f"invalid configuration: {message}") from None
+
+
+def load_config(path: Path | None, overrides: Iterable[str] = ()) -> ServerConfig:
+    values: dict[str, Any] = {}
+    if path is not None:
+        try:
+            values = _flatten(tomllib.loads(path.read_text()))
+        except OSError as error:
+            raise ConfigError(f"cannot read config file {path}: {error.strerror}") from None
+        except tomllib.TOMLDecodeError as error:
+            raise ConfigError(f"config file {path} is not valid TOML: {error}") from None
+    for item in overrides:
+        key, value = _parse_set(item)
+        values[key] = value
+    return build_config(values)
+
+
+# Per-group overrides (admin `PUT /groups/{group}/config`). -1 / None mean "server default".
+GROUP_CONFIG_KEYS: dict[str, str] = {
+    "connect.session.timeout.ms": "session_timeout_ms",
+    "connect.heartbeat.interval.ms": "heartbeat_interval_ms",
+    "connect.assignment.interval.ms": "assignment_interval_ms",
+    "connect.assignor.offload.enable": "assignor_offload_enable",
+    "scheduled.rebalance.max.delay.ms": "scheduled_rebalance_max_delay_ms",
+}
+
+
+class GroupConfig(msgspec.Struct, frozen=True, kw_only=True):
+    session_timeout_ms: int = -1
+    heartbeat_interval_ms: int = -1
+    assignment_interval_ms: int = -1
+    assignor_offload_enable: bool | None = None
+    scheduled_rebalance_max_delay_ms: int = -1
+
+
+_GROUP_BOUNDS: dict[str, tuple[int, int]] = {
+    "session_timeout_ms": (1_000, MS_HOUR),
+    "heartbeat_interval_ms": (100, 600_000),
+    "assignment_interval_ms": (0, 15_000),
+    "scheduled_rebalance_max_delay_ms": (0, 24 * MS_HOUR),
+}
+
+
+def parse_group_config(body: Mapping[str, Any], current: GroupConfig) -> GroupConfig:
+    """Merge admin JSON into the current overrides; null or -1 resets a key to the default."""
+    changes: dict[str, Any] = {}
+    for key, value in body.items():
+        if key not in GROUP_CONFIG_KEYS:
+            raise ConfigError(
+                f"unknown group config key {key!r} "
+                f"(known: {', '.join(sorted(GROUP_CONFIG_KEYS))})"
+            )
+        field = GROUP_CONFIG_KEYS[key]
+        if field == "assignor_offload_enable":
+            if value is not None and not isinstance(value, bool):
+                raise ConfigError(f"{key} must be true, false or null")
+            changes[field] = value
+            continue
+        if value is None or value == -1:
+            changes[field] = -1
+            continue
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{key} must be an integer, got {value!r}")
+        low, high = _GROUP_BOUNDS[field]
+        if not low <= value <= high:
+            raise ConfigError(f"{key} must be between {low} and {high} (or -1), got {value}")
+        changes[field] = value
+    return msgspec.structs.replace(current, **changes)

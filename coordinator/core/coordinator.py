@@ -1,0 +1,1015 @@
+"""The sans-IO connect-group coordinator: request + now in; response, records, timers out.
+
+Every state change is a Record, applied at once through `GroupStore.replay` (the same
+function that loads the log at start-up) and handed back so the shell can persist it
+before answering. Nothing here knows of sockets, clocks or disks.
+
+A heartbeat from a stable member touches only that member: validation, an epoch check,
+a session timer, and a reconciliation that returns at once. Work proportional to the group
+(assignor selection, target computation) happens only when the group epoch moves.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from coordinator.assignors.api import AssignmentSpec, MemberSpec, ServerAssignor
+from coordinator.config import ConfigError, GroupConfig, ServerConfig, parse_group_config
+from coordinator.core.group import (
+    AssignorInfo,
+    Group,
+    GroupStore,
+    Member,
+    MemberMetadata,
+    PreparedAssignment,
+    configuration_record,
+    connectors_record,
+    current_assignment_record,
+    group_metadata_record,
+    member_metadata_record,
+    target_member_record,
+    target_metadata_record,
+    units_to_wire,
+)
+from coordinator.core.reconcile import (
+    EMPTY,
+    EMPTY_TARGET,
+    CurrentAssignment,
+    MemberState,
+    TargetPart,
+    reconcile,
+)
+from coordinator.core.result import (
+    ASSIGNMENT_TIMER,
+    ASSIGNOR_TIMER,
+    REVOCATION_TIMER,
+    SESSION_TIMER,
+    Event,
+    Record,
+    Result,
+    TimerCancel,
+    TimerKey,
+    TimerOp,
+    TimerSet,
+)
+from coordinator.core.validation import (
+    JOIN_EPOCH,
+    LEAVE_EPOCH,
+    STATIC_LEAVE_EPOCH,
+    invalid,
+    validate_assignment_caller,
+    validate_heartbeat,
+    validate_install,
+)
+from coordinator.units import Unit
+from protocol.errors import ApiError, ErrorCode
+from protocol.messages import (
+    ConnectGroupDescribeResponse,
+    ConnectGroupHeartbeatResponse,
+    ConnectGroupInstallAssignmentResponse,
+    ConnectGroupPrepareAssignmentResponse,
+)
+from protocol.messages.connect_group_describe_response import DescribedGroup, DescribedMember
+from protocol.messages.connect_group_heartbeat_response import Assignment
+from protocol.messages.connect_group_prepare_assignment_response import Member as PreparedMember
+from protocol.messages.connect_group_prepare_assignment_response import MemberAssignor
+
+# The reserved empty target every new group starts with (seed 004): joiners get epoch 1.
+INITIAL_EPOCH = 1
+SERVER_MODE = "server"
+CLIENT_MODE = "client"
+
+
+@dataclass(slots=True)
+class _Change:
+    """Collects what one operation emits; records are replayed the moment they are added."""
+
+    store: GroupStore
+    records: list[Record] = field(default_factory=list)
+    timers: list[TimerOp] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+
+    def write(self, record: Record) -> None:
+        self.store.replay(record)
+        self.records.append(record)
+
+    def event(self, name: str, group: Group, member_id: str | None = None, **fields: Any) -> None:
+        fields.setdefault("group_epoch", group.epoch)
+        fields.setdefault("assignment_epoch", group.assignment_epoch)
+        self.events.append(Event(name, group.group_id, member_id, fields))
+
+    def result(self, response: Any) -> Result[Any]:
+        return Result(response, self.records, self.timers, self.events)
+
+
+def _timer(kind: str, group_id: str, member_id: str = "") -> TimerKey:
+    return (kind, group_id, member_id)
+
+
+class GroupCoordinator:
+    """All connect groups of this coordinator. See the module docstring."""
+
+    def __init__(self, config: ServerConfig, assignors: Mapping[str, ServerAssignor]) -> None:
+        missing = [name for name in config.server_assignors if name not in assignors]
+        if missing:
+            raise ConfigError(
+                f"group.connect.server.assignors names unknown assignor(s) {missing}; "
+                f"known: {sorted(assignors)}"
+            )
+        if not config.server_assignors:
+            raise ConfigError("group.connect.server.assignors must name at least one assignor")
+        self.config = config
+        self.assignors = dict(assignors)
+        self.store = GroupStore()
+
+    # ------------------------------------------------------------------ records
+    def replay(self, record: Record) -> None:
+        self.store.replay(record)
+
+    def timers_after_load(self, now_ms: int) -> list[TimerOp]:
+        """After start-up replay: fresh session timers, revocation timers mid-revocation."""
+        timers: list[TimerOp] = []
+        for group in self.store.groups.values():
+            session = self._session_timeout(group)
+            for member in group.members.values():
+                timers.append(TimerSet(_timer(SESSION_TIMER, group.group_id, member.member_id),
+                                       now_ms + session))
+                if member.current.state is MemberState.UNREVOKED:
+                    timers.append(TimerSet(
+                        _timer(REVOCATION_TIMER, group.group_id, member.member_id),
+                        now_ms + self._rebalance_timeout(member)))
+            if group.members and group.epoch > group.assignment_epoch:
+                timers.append(TimerSet(_timer(ASSIGNMENT_TIMER, group.group_id), now_ms))
+        return timers
+
+    # ------------------------------------------------------------------ config
+    def _session_timeout(self, group: Group) -> int:
+        value = group.config.session_timeout_ms
+        return value if value > 0 else self.config.session_timeout_ms
+
+    def _heartbeat_interval(self, group: Group) -> int:
+        value = group.config.heartbeat_interval_ms
+        return value if value > 0 else self.config.heartbeat_interval_ms
+
+    def _assignment_interval(self, group: Group) -> int:
+        value = group.config.assignment_interval_ms
+        return value if value >= 0 else self.config.assignment_interval_ms
+
+    def _scheduled_delay(self, group: Group) -> int:
+        value = group.config.scheduled_rebalance_max_delay_ms
+        return value if value >= 0 else self.config.scheduled_rebalance_max_delay_ms
+
+    @staticmethod
+    def _rebalance_timeout(member: Member) -> int:
+        return member.metadata.rebalance_timeout_ms if member.metadata else 60_000
+
+    # ------------------------------------------------------------------ heartbeat
+    def heartbeat(self, request: Any, now_ms: int) -> Result[ConnectGroupHeartbeatResponse]:
+        change = _Change(self.store)
+        try:
+            response = self._heartbeat(request, now_ms, change)
+        except ApiError as error:
+            response = ConnectGroupHeartbeatResponse(
+                throttle_time_ms=0,
+                error_code=int(error.code),
+                error_message=error.message,
+                member_epoch=0,
+                heartbeat_interval_ms=0,
+                assignment=None,
+            )
+        return change.result(response)
+
+    def _heartbeat(self, request: Any, now_ms: int, change: _Change) -> ConnectGroupHeartbeatResponse:
+        owned = validate_heartbeat(request)
+        epoch = request.member_epoch
+        group_id = request.group_id
+        member_id = request.member_id
+        group = self.store.groups.get(group_id)
+        if group is None:
+            if epoch != JOIN_EPOCH:
+                raise ApiError(ErrorCode.UNKNOWN_MEMBER_ID,
+                               f"group {group_id} does not exist, so has no member {member_id}")
+            self._check_assignors(None, request, member_id)
+            group = self._create_group(group_id, change)
+
+        if epoch == LEAVE_EPOCH:
+            member = self._existing_member(group, request)
+            self._remove_member(group, member.member_id, change, now_ms, reason="leave")
+            self._maybe_new_target(group, change, now_ms)
+            return self._response(group, None, LEAVE_EPOCH, assignment=None)
+        if epoch == STATIC_LEAVE_EPOCH:
+            member = self._existing_member(group, request)
+            self._leave_temporarily(group, member, change, now_ms)
+            return self._response(group, None, STATIC_LEAVE_EPOCH, assignment=None)
+
+        if epoch == JOIN_EPOCH:
+            member, joined = self._join(group, request, change, now_ms)
+        else:
+            member = self._existing_member(group, request)
+            self._check_epoch(group, member, epoch, owned, change, now_ms)
+            joined = False
+            self._update_metadata(group, member, request, change)
+
+        if group.epoch > group.assignment_epoch:
+            self._maybe_new_target(group, change, now_ms)
+
+        before = member.current
+        self._reconcile(group, member, owned, change, now_ms)
+        after = member.current
+        change.timers.append(
+            TimerSet(_timer(SESSION_TIMER, group_id, member.member_id),
+                     now_ms + self._session_timeout(group)))
+
+        send_assignment = (
+            joined
+            or after is not before
+            or request.member_epoch != after.epoch
+            or (owned is not None and (owned != after.assigned or request.rebalance_timeout_ms != -1))
+        )
+        assignment = None
+        if send_assignment:
+            part = group.target.get(member.member_id, EMPTY_TARGET) \
+                if after.epoch == group.assignment_epoch else None
+            assignment = Assignment(
+                error=after.error,
+                assigned=units_to_wire(after.assigned),
+                version=part.version if part else after.version,
+                metadata=part.metadata if part else after.metadata,
+            )
+        return self._response(group, member, after.epoch, assignment, now_ms, change)
+
+    def _response(
+        self,
+        group: Group,
+        member: Member | None,
+        member_epoch: int,
+        assignment: Assignment | None,
+        now_ms: int = 0,
+        change: _Change | None = None,
+    ) -> ConnectGroupHeartbeatResponse:
+        error_code = ErrorCode.NONE
+        message = None
+        if member is not None and change is not None and self._should_compute(group, member, now_ms):
+            error_code = ErrorCode.COMPUTE_ASSIGNMENT
+            message = (f"compute the target assignment of group {group.group_id} "
+                       f"for group epoch {group.epoch}")
+            if group.compute_requested_ms is None:
+                group.compute_requested_ms = now_ms
+                change.timers.append(TimerSet(_timer(ASSIGNOR_TIMER, group.group_id),
+                                              now_ms + self._rebalance_timeout(member)))
+                change.event("compute_assignment_requested", group, member.member_id)
+        return ConnectGroupHeartbeatResponse(
+            throttle_time_ms=0,
+            error_code=int(error_code),
+            error_message=message,
+            member_epoch=member_epoch,
+            heartbeat_interval_ms=self._heartbeat_interval(group),
+            assignment=assignment,
+        )
+
+    def _create_group(self, group_id: str, change: _Change) -> Group:
+        change.write(group_metadata_record(group_id, INITIAL_EPOCH))
+        change.write(target_metadata_record(group_id, INITIAL_EPOCH, 0, None, -1, b""))
+        group = self.store.groups[group_id]
+        change.event("group_created", group)
+        return group
+
+    def _existing_member(self, group: Group, request: Any) -> Member:
+        member = group.members.get(request.member_id)
+        if member is None:
+            raise ApiError(ErrorCode.UNKNOWN_MEMBER_ID,
+                           f"group {group.group_id} has no member {request.member_id}")
+        self._check_instance(group, member.member_id, request.instance_id, member)
+        return member
+
+    @staticmethod
+    def _check_instance(group: Group, member_id: str, instance_id: str | None,
+                        member: Member | None) -> None:
+        if instance_id is None:
+            return
+        holder = group.instances.get(instance_id)
+        if holder is not None and holder != member_id:
+            raise ApiError(ErrorCode.FENCED_INSTANCE_ID,
+                           f"instance id {instance_id} belongs to member {holder}, "
+                           f"not {member_id}")
+        own = member.metadata.instance_id if member and member.metadata else None
+        if member is not None and own is not None and own != instance_id:
+            raise ApiError(ErrorCode.FENCED_INSTANCE_ID,
+                           f"member {member_id} joined with instance id {own}, "
+                           f"not {instance_id}")
+
+    def _check_epoch(self, group: Group, member: Member, epoch: int,
+                     owned: frozenset[Unit] | None, change: _Change, now_ms: int) -> None:
+        current = member.current
+        if epoch == current.epoch and current.epoch > 0:
+            return
+        lost_response = (
+            current.epoch > 0
+            and epoch == current.previous_epoch
+            and owned is not None
+            and owned <= current.assigned
+        )
+        if lost_response:
+            return
+        self._remove_member(group, member.member_id, change, now_ms, reason="fenced",
+                            sent_epoch=epoch)
+        self._maybe_new_target(group, change, now_ms)
+        raise _Fenced(group, member.member_id, epoch, current.epoch)
+
+    def _join(self, group: Group, request: Any, change: _Change,
+              now_ms: int) -> tuple[Member, bool]:
+        member_id = request.member_id
+        instance_id = request.instance_id
+        existing = group.members.get(member_id)
+        self._check_assignors(group, request, member_id)
+        if instance_id is not None:
+            holder_id = group.instances.get(instance_id)
+            if holder_id is not None and holder_id != member_id:
+                holder = group.members[holder_id]
+                if holder.current.epoch != STATIC_LEAVE_EPOCH:
+                    raise ApiError(ErrorCode.UNRELEASED_INSTANCE_ID,
+                                   f"instance id {instance_id} is still held by active member "
+                                   f"{holder_id}")
+                return self._replace_static(group, holder, request, change, now_ms), True
+            if existing is not None and existing.metadata and \
+                    existing.metadata.instance_id not in (None, instance_id):
+                raise ApiError(ErrorCode.FENCED_INSTANCE_ID,
+                               f"member {member_id} joined with instance id "
+                               f"{existing.metadata.instance_id}, not {instance_id}")
+        if existing is not None:
+            # Epoch 0 from a known member: it dropped everything and starts again (§5.1).
+            if existing.current.held or existing.current.epoch != 0:
+                change.write(current_assignment_record(group.group_id, member_id,
+                                                       CurrentAssignment()))
+            change.event("member_rejoined", group, member_id)
+            self._update_metadata(group, existing, request, change)
+            return existing, True
+        if len(group.members) >= self.config.max_size:
+            raise ApiError(ErrorCode.GROUP_MAX_SIZE_REACHED,
+                           f"group {group.group_id} already has the maximum of "
+                           f"{self.config.max_size} members")
+        metadata = self._metadata_from(None, request)
+        change.write(member_metadata_record(group.group_id, member_id, metadata))
+        change.write(current_assignment_record(group.group_id, member_id, CurrentAssignment()))
+        self._bump(group, change, trigger="join", member_id=member_id)
+        change.event("member_joined", group, member_id, instance_id=instance_id,
+                     worker_url=metadata.worker_url)
+        return group.members[member_id], True
+
+    def _replace_static(self, group: Group, old: Member, request: Any, change: _Change,
+                        now_ms: int) -> Member:
+        """A new member id takes over a temporarily departed static member, no rebalance."""
+        group_id = group.group_id
+        new_id = request.member_id
+        current = old.current
+        part = group.target.get(old.member_id)
+        old_metadata = old.metadata
+        self._remove_member(group, old.member_id, change, now_ms, reason="replaced", bump=False)
+        metadata = self._metadata_from(old_metadata, request)
+        change.write(member_metadata_record(group_id, new_id, metadata))
+        if part is not None:
+            change.write(target_member_record(group_id, new_id, part))
+        restored = replace(current, epoch=current.previous_epoch,
+                           previous_epoch=current.previous_epoch)
+        change.write(current_assignment_record(group_id, new_id, restored))
+        if old_metadata is None or metadata.assignment_inputs_differ(old_metadata):
+            self._bump(group, change, trigger="metadata", member_id=new_id)
+        change.event("static_member_replaced", group, new_id, replaced=old.member_id,
+                     instance_id=metadata.instance_id, member_epoch=restored.epoch)
+        return group.members[new_id]
+
+    def _leave_temporarily(self, group: Group, member: Member, change: _Change,
+                           now_ms: int) -> None:
+        current = member.current
+        if current.epoch != STATIC_LEAVE_EPOCH:
+            change.write(current_assignment_record(
+                group.group_id, member.member_id,
+                replace(current, epoch=STATIC_LEAVE_EPOCH, previous_epoch=current.epoch)))
+        # Its units stay put until the session times out or the instance comes back.
+        change.timers.append(TimerSet(_timer(SESSION_TIMER, group.group_id, member.member_id),
+                                      now_ms + self._session_timeout(group)))
+        change.timers.append(TimerCancel(_timer(REVOCATION_TIMER, group.group_id,
+                                                member.member_id)))
+        if group.chosen_member == member.member_id:
+            group.chosen_member = None
+            group.compute_requested_ms = None
+        change.event("member_left_temporarily", group, member.member_id,
+                     member_epoch=current.epoch)
+
+    @staticmethod
+    def _metadata_from(old: MemberMetadata | None, request: Any) -> MemberMetadata:
+        """The member's metadata after this request (unset request fields keep old values)."""
+        client = (
+            tuple(AssignorInfo(a.name, a.minimum_version, a.maximum_version, a.reason,
+                               a.version, a.metadata) for a in request.client_assignors)
+            if request.client_assignors is not None
+            else (old.client_assignors if old else ())
+        )
+        server = request.server_assignor if request.server_assignor is not None else (
+            old.server_assignor if old else None)
+        if request.client_assignors is not None and request.server_assignor is None:
+            server = None  # switching to client-side assignment drops the server choice
+        if request.server_assignor is not None:
+            client = ()
+        return MemberMetadata(
+            instance_id=request.instance_id if request.instance_id is not None else (
+                old.instance_id if old else None),
+            worker_url=request.worker_url if request.worker_url is not None else (
+                old.worker_url if old else ""),
+            rebalance_timeout_ms=request.rebalance_timeout_ms
+            if request.rebalance_timeout_ms > 0 else (old.rebalance_timeout_ms if old else 60_000),
+            server_assignor=server,
+            client_assignors=client,
+        )
+
+    def _update_metadata(self, group: Group, member: Member, request: Any,
+                         change: _Change) -> None:
+        old = member.metadata
+        new = self._metadata_from(old, request)
+        if new == old:
+            return
+        if old is not None and (new.server_assignor != old.server_assignor
+                                or new.client_assignors != old.client_assignors):
+            self._check_assignors(group, request, member.member_id)
+        change.write(member_metadata_record(group.group_id, member.member_id, new))
+        if old is None or new.assignment_inputs_differ(old):
+            trigger = "assignors" if old and new.worker_url == old.worker_url else "metadata"
+            self._bump(group, change, trigger=trigger, member_id=member.member_id)
+
+    def _check_assignors(self, group: Group | None, request: Any, member_id: str) -> None:
+        """UNSUPPORTED_ASSIGNOR: an unknown server assignor, or client ranges nobody covers."""
+        if request.server_assignor is not None and \
+                request.server_assignor not in self.config.server_assignors:
+            raise ApiError(ErrorCode.UNSUPPORTED_ASSIGNOR,
+                           f"server assignor {request.server_assignor!r} is not supported; "
+                           f"this coordinator offers {list(self.config.server_assignors)}")
+        if request.client_assignors is None:
+            return
+        metadata = {m.member_id: m.metadata for m in group.members.values()
+                    if m.metadata is not None} if group else {}
+        old = metadata.get(member_id)
+        metadata[member_id] = self._metadata_from(old, request)
+        mode, name = self._select_mode(metadata)
+        if mode == CLIENT_MODE and _covering_members(metadata, name) == []:
+            raise ApiError(ErrorCode.UNSUPPORTED_ASSIGNOR,
+                           f"no worker's version range for client assignor {name!r} covers "
+                           "every member's range")
+
+    def _bump(self, group: Group, change: _Change, trigger: str,
+              member_id: str | None = None) -> None:
+        change.write(group_metadata_record(group.group_id, group.epoch + 1))
+        change.event("group_epoch_bumped", group, member_id, trigger=trigger)
+
+    def _remove_member(self, group: Group, member_id: str, change: _Change, now_ms: int,
+                       reason: str, bump: bool = True, **fields: Any) -> None:
+        group_id = group.group_id
+        member = group.members[member_id]
+        if member_id in group.target:
+            change.write(target_member_record(group_id, member_id, None))
+        change.write(current_assignment_record(group_id, member_id, None))
+        change.write(member_metadata_record(group_id, member_id, None))
+        change.timers.append(TimerCancel(_timer(SESSION_TIMER, group_id, member_id)))
+        change.timers.append(TimerCancel(_timer(REVOCATION_TIMER, group_id, member_id)))
+        if group.chosen_member == member_id:
+            group.chosen_member = None
+            group.compute_requested_ms = None
+            change.timers.append(TimerCancel(_timer(ASSIGNOR_TIMER, group_id)))
+        change.event(f"member_removed_{reason}", group, member_id,
+                     member_epoch=member.current.epoch, **fields)
+        if bump:
+            self._bump(group, change, trigger=reason, member_id=member_id)
+
+    def _reconcile(self, group: Group, member: Member, owned: frozenset[Unit] | None,
+                   change: _Change, now_ms: int) -> None:
+        before = member.current
+        owners = group.owners
+        after = reconcile(
+            member.member_id, before, group.assignment_epoch,
+            group.target.get(member.member_id, EMPTY_TARGET), group.assignment_error,
+            owned, owners.get,
+        )
+        if after is before:
+            return
+        change.write(current_assignment_record(group.group_id, member.member_id, after))
+        key = _timer(REVOCATION_TIMER, group.group_id, member.member_id)
+        if after.state is MemberState.UNREVOKED:
+            if before.state is not MemberState.UNREVOKED:
+                change.timers.append(TimerSet(key, now_ms + self._rebalance_timeout(member)))
+                change.event("member_revoking", group, member.member_id,
+                             member_epoch=after.epoch, revoking=len(after.pending_revocation))
+        elif before.state is MemberState.UNREVOKED:
+            change.timers.append(TimerCancel(key))
+        if after.epoch != before.epoch:
+            change.event("member_reached_epoch", group, member.member_id,
+                         member_epoch=after.epoch, state=after.state.name,
+                         assigned=len(after.assigned))
+
+    # ------------------------------------------------------------------ targets
+    def _select_mode(self, metadata: Mapping[str, MemberMetadata]) -> tuple[str, str]:
+        """CONTRACT §5.4: server if anyone names one, else a common client assignor."""
+        configured = self.config.server_assignors
+        wanted = Counter(m.server_assignor for m in metadata.values() if m.server_assignor)
+        if wanted:
+            order = {name: index for index, name in enumerate(configured)}
+            name = max(wanted, key=lambda n: (wanted[n], -order.get(n, len(order))))
+            return SERVER_MODE, name
+        lists = [m.client_assignors for m in metadata.values()]
+        if lists and all(lists):
+            common = set.intersection(*({a.name for a in assignors} for assignors in lists))
+            if common:
+                # Precedence: the lowest summed position over the members' lists.
+                def rank(name: str) -> tuple[int, str]:
+                    return (sum(next(i for i, a in enumerate(assignors) if a.name == name)
+                                for assignors in lists), name)
+                return CLIENT_MODE, min(common, key=rank)
+        return SERVER_MODE, configured[0]
+
+    def _group_mode(self, group: Group) -> tuple[str, str]:
+        cached = group.mode_cache
+        if cached is not None and cached[0] == group.epoch:
+            return cached[1], cached[2]
+        mode, name = self._select_mode({m.member_id: m.metadata for m in group.members.values()
+                                        if m.metadata is not None})
+        group.mode_cache = (group.epoch, mode, name)
+        return mode, name
+
+    def _interval_left(self, group: Group, now_ms: int) -> int:
+        """Milliseconds until seed 004's assignment interval allows another run (0: now)."""
+        if group.last_assignment_ms < 0:
+            return 0
+        return max(0, group.last_assignment_ms + self._assignment_interval(group) - now_ms)
+
+    def _maybe_new_target(self, group: Group, change: _Change, now_ms: int) -> None:
+        if group.epoch <= group.assignment_epoch or not group.members:
+            return
+        wait = self._interval_left(group, now_ms)
+        if wait > 0:
+            change.timers.append(TimerSet(_timer(ASSIGNMENT_TIMER, group.group_id), now_ms + wait))
+            return
+        mode, name = self._group_mode(group)
+        if mode == CLIENT_MODE:
+            # The choice only needs revisiting when the members changed (a new group epoch).
+            if group.chosen_member is None or group.chosen_epoch != group.epoch:
+                self._choose_worker(group, name, change, exclude=None)
+                group.chosen_epoch = group.epoch
+            return
+        self._run_server_assignor(group, name, change, now_ms)
+
+    def _choose_worker(self, group: Group, assignor: str, change: _Change,
+                       exclude: str | None) -> None:
+        metadata = {m.member_id: m.metadata for m in group.members.values()
+                    if m.metadata is not None and m.current.epoch != STATIC_LEAVE_EPOCH}
+        candidates = _covering_members(metadata, assignor)
+        if exclude is not None and len(candidates) > 1:
+            candidates = [c for c in candidates if c != exclude]
+        if group.chosen_member in candidates:
+            return  # stickiness: the previous chooser keeps the job while it qualifies
+        chosen = candidates[0] if candidates else None
+        if chosen != group.chosen_member:
+            group.chosen_member = chosen
+            group.compute_requested_ms = None
+            change.event("assignor_worker_chosen", group, chosen, assignor=assignor)
+
+    def _should_compute(self, group: Group, member: Member, now_ms: int) -> bool:
+        if group.chosen_member != member.member_id or group.epoch <= group.assignment_epoch:
+            return False
+        if self._group_mode(group)[0] != CLIENT_MODE:
+            return False
+        return self._interval_left(group, now_ms) == 0
+
+    def _run_server_assignor(self, group: Group, name: str, change: _Change, now_ms: int) -> None:
+        assignor = self.assignors[name]
+        spec = AssignmentSpec(
+            group_id=group.group_id,
+            members={
+                m.member_id: MemberSpec(
+                    member_id=m.member_id,
+                    instance_id=m.metadata.instance_id if m.metadata else None,
+                    worker_url=m.metadata.worker_url if m.metadata else "",
+                    current_target=group.target.get(m.member_id, EMPTY_TARGET).units,
+                )
+                for m in group.members.values()
+            },
+            connectors=dict(group.connectors),
+            previous_target={mid: part.units for mid, part in group.target.items()},
+            previous_state=group.assignor_state if group.assignor_name == name else b"",
+            now_ms=now_ms,
+            scheduled_rebalance_max_delay_ms=self._scheduled_delay(group),
+        )
+        try:
+            result = assignor.assign(spec)
+        except Exception as error:  # a plug-in assignor must not take the coordinator down
+            change.event("assignor_failed", group, None, assignor=name, error=repr(error))
+            change.timers.append(TimerSet(_timer(ASSIGNMENT_TIMER, group.group_id),
+                                          now_ms + max(1_000, self._assignment_interval(group))))
+            return
+        units = group.units
+        parts: dict[str, TargetPart] = {}
+        seen: set[Unit] = set()
+        for member_id, member_units in result.target.items():
+            if member_id not in group.members:
+                continue
+            kept = member_units & units
+            if not seen.isdisjoint(kept):
+                change.event("assignor_failed", group, None, assignor=name,
+                             error="assignor gave a unit to two members")
+                return
+            seen |= kept
+            parts[member_id] = TargetPart(frozenset(kept))
+        self._install_target(group, change, group.epoch, parts, 0, name, now_ms, result.state)
+        if result.rerun_at_ms is not None:
+            change.timers.append(TimerSet(_timer(ASSIGNMENT_TIMER, group.group_id),
+                                          max(result.rerun_at_ms, now_ms)))
+        group.rerun_at_ms = result.rerun_at_ms
+
+    def _install_target(self, group: Group, change: _Change, epoch: int,
+                        parts: Mapping[str, TargetPart], error: int, assignor: str | None,
+                        now_ms: int, state: bytes) -> None:
+        group_id = group.group_id
+        for member_id in group.members:
+            new = parts.get(member_id, EMPTY_TARGET)
+            if group.target.get(member_id) != new:
+                change.write(target_member_record(group_id, member_id, new))
+        for member_id in [m for m in group.target if m not in group.members]:
+            change.write(target_member_record(group_id, member_id, None))
+        change.write(target_metadata_record(group_id, epoch, error, assignor, now_ms, state))
+        assigned = sum(len(p.units) for p in parts.values())
+        change.event("target_installed", group, None, assignor=assignor, error=error,
+                     assigned=assigned, unassigned=len(group.units) - assigned)
+
+    # ------------------------------------------------------------------ client-side flow
+    def _assignment_caller(self, request: Any) -> tuple[Group, Member]:
+        group = self.store.groups.get(request.group_id)
+        if group is None:
+            raise ApiError(ErrorCode.GROUP_ID_NOT_FOUND, f"group {request.group_id} does not exist")
+        member = group.members.get(request.member_id)
+        if member is None:
+            raise ApiError(ErrorCode.UNKNOWN_MEMBER_ID,
+                           f"group {group.group_id} has no member {request.member_id}")
+        if request.member_epoch != member.current.epoch:
+            raise ApiError(ErrorCode.FENCED_MEMBER_EPOCH,
+                           f"member epoch {request.member_epoch} is not the member's current "
+                           f"epoch {member.current.epoch}")
+        if group.chosen_member != member.member_id:
+            raise ApiError(ErrorCode.UNKNOWN_MEMBER_ID,
+                           f"member {member.member_id} is not the worker chosen to compute the "
+                           f"assignment of group {group.group_id}")
+        return group, member
+
+    def prepare_assignment(self, request: Any, now_ms: int
+                           ) -> Result[ConnectGroupPrepareAssignmentResponse]:
+        change = _Change(self.store)
+        try:
+            validate_assignment_caller(request)
+            group, _member = self._assignment_caller(request)
+            mode, name = self._group_mode(group)
+            if mode != CLIENT_MODE:
+                raise ApiError(ErrorCode.UNKNOWN_MEMBER_ID,
+                               f"group {group.group_id} is assigned on the server")
+            members = []
+            for m in sorted(group.members.values(), key=lambda m: m.member_id):
+                md = m.metadata
+                info = next((a for a in md.client_assignors if a.name == name), None) if md \
+                    else None
+                members.append(PreparedMember(
+                    member_id=m.member_id,
+                    member_epoch=m.current.epoch,
+                    instance_id=md.instance_id if md else None,
+                    worker_url=md.worker_url if md else "",
+                    assignor=MemberAssignor(
+                        version=info.version if info else 0,
+                        reason=info.reason if info else 0,
+                        metadata=info.metadata if info else b""),
+                    target=units_to_wire(group.target.get(m.member_id, EMPTY_TARGET).units),
+                ))
+            group.prepared = PreparedAssignment(group.epoch, frozenset(group.members),
+                                                group.units, name)
+            change.event("assignment_prepared", group, request.member_id, assignor=name)
+            response = ConnectGroupPrepareAssignmentResponse(
+                throttle_time_ms=0, error_code=0, error_message=None, group_epoch=group.epoch,
+                assignor_name=name, connectors_and_tasks=units_to_wire(group.units),
+                members=tuple(members))
+        except ApiError as error:
+            response = ConnectGroupPrepareAssignmentResponse(
+                throttle_time_ms=0, error_code=int(error.code), error_message=error.message,
+                group_epoch=-1, assignor_name="", connectors_and_tasks=units_to_wire(EMPTY),
+                members=())
+        return change.result(response)
+
+    def install_assignment(self, request: Any, now_ms: int
+                           ) -> Result[ConnectGroupInstallAssignmentResponse]:
+        change = _Change(self.store)
+        try:
+            self._install(request, change, now_ms)
+            response = ConnectGroupInstallAssignmentResponse(
+                throttle_time_ms=0, error_code=0, error_message=None)
+        except ApiError as error:
+            response = ConnectGroupInstallAssignmentResponse(
+                throttle_time_ms=0, error_code=int(error.code), error_message=error.message)
+        return change.result(response)
+
+    def _install(self, request: Any, change: _Change, now_ms: int) -> None:
+        parts_in = validate_install(request)
+        group, _caller = self._assignment_caller(request)
+        prepared = group.prepared
+        if prepared is None or prepared.group_epoch != request.group_epoch:
+            handed = "nothing" if prepared is None else f"group epoch {prepared.group_epoch}"
+            raise ApiError(ErrorCode.INVALID_ASSIGNMENT,
+                           f"GroupEpoch {request.group_epoch} was not handed out by "
+                           f"ConnectGroupPrepareAssignment (it handed out {handed})")
+        if request.group_epoch <= group.assignment_epoch:
+            raise ApiError(ErrorCode.INVALID_ASSIGNMENT,
+                           f"group epoch {request.group_epoch} is not newer than the target "
+                           f"assignment's epoch {group.assignment_epoch}")
+        if request.error != 0:
+            # The assignor failed: keep the current target, tell the members the error.
+            parts = {mid: part for mid, part in group.target.items() if mid in group.members}
+            self._finish_install(group, change, request, parts, request.error, prepared, now_ms)
+            return
+        seen: set[Unit] = set()
+        for member_id, (units, _version, _metadata) in parts_in.items():
+            if member_id not in prepared.member_ids:
+                raise ApiError(ErrorCode.INVALID_ASSIGNMENT,
+                               f"member {member_id} was not in the group at epoch "
+                               f"{prepared.group_epoch}")
+            unknown = units - prepared.units
+            if unknown:
+                raise ApiError(ErrorCode.INVALID_ASSIGNMENT,
+                               f"member {member_id} is given {_describe_units(unknown)}, which "
+                               "the group does not run")
+            twice = units & seen
+            if twice:
+                raise ApiError(ErrorCode.INVALID_ASSIGNMENT,
+                               f"{_describe_units(twice)} is given to more than one member")
+            seen |= units
+        # Members that left since Prepare lose their part (a new assignment follows).
+        parts = {mid: TargetPart(units, version, metadata)
+                 for mid, (units, version, metadata) in parts_in.items()
+                 if mid in group.members}
+        self._finish_install(group, change, request, parts, 0, prepared, now_ms)
+
+    def _finish_install(self, group: Group, change: _Change, request: Any,
+                        parts: Mapping[str, TargetPart], error: int,
+                        prepared: PreparedAssignment, now_ms: int) -> None:
+        self._install_target(group, change, request.group_epoch, parts, error,
+                             prepared.assignor_name, now_ms, b"")
+        group.prepared = None
+        group.compute_requested_ms = None
+        change.timers.append(TimerCancel(_timer(ASSIGNOR_TIMER, group.group_id)))
+        self._maybe_new_target(group, change, now_ms)
+
+    # ------------------------------------------------------------------ timers
+    def on_timer(self, key: TimerKey, now_ms: int) -> Result[None]:
+        kind, group_id, member_id = key
+        change = _Change(self.store)
+        group = self.store.groups.get(group_id)
+        if group is None:
+            return change.result(None)
+        if kind == SESSION_TIMER:
+            if member_id in group.members:
+                self._remove_member(group, member_id, change, now_ms, reason="session_timeout")
+                self._maybe_new_target(group, change, now_ms)
+        elif kind == REVOCATION_TIMER:
+            member = group.members.get(member_id)
+            if member is not None and member.current.state is MemberState.UNREVOKED:
+                self._remove_member(group, member_id, change, now_ms, reason="revocation_timeout")
+                self._maybe_new_target(group, change, now_ms)
+        elif kind == ASSIGNOR_TIMER:
+            chosen = group.chosen_member
+            if chosen is not None and group.epoch > group.assignment_epoch:
+                change.event("assignor_timed_out", group, chosen)
+                group.compute_requested_ms = None
+                group.prepared = None
+                mode, name = self._group_mode(group)
+                if mode == CLIENT_MODE:
+                    self._choose_worker(group, name, change, exclude=chosen)
+        elif kind == ASSIGNMENT_TIMER:
+            rerun = group.rerun_at_ms
+            if rerun is not None and now_ms >= rerun and group.epoch == group.assignment_epoch \
+                    and group.members:
+                group.rerun_at_ms = None
+                self._bump(group, change, trigger="assignor_rerun")
+            self._maybe_new_target(group, change, now_ms)
+        return change.result(None)
+
+    # ------------------------------------------------------------------ describe
+    def describe(self, request: Any, now_ms: int) -> ConnectGroupDescribeResponse:
+        groups = []
+        for group_id in request.group_ids:
+            try:
+                groups.append(self.describe_group(group_id))
+            except ApiError as error:
+                groups.append(DescribedGroup(
+                    error_code=int(error.code), error_message=error.message, group_id=group_id,
+                    group_state="DEAD", group_epoch=-1, assignment_epoch=-1, assignor_name=None,
+                    connectors_and_tasks=units_to_wire(EMPTY), members=()))
+        return ConnectGroupDescribeResponse(throttle_time_ms=0, groups=tuple(groups))
+
+    def describe_group(self, group_id: str) -> DescribedGroup:
+        if not group_id:
+            raise ApiError(ErrorCode.INVALID_GROUP_ID, "group id must be non-empty")
+        group = self.store.groups.get(group_id)
+        if group is None:
+            raise ApiError(ErrorCode.GROUP_ID_NOT_FOUND, f"group {group_id} does not exist")
+        members = []
+        for m in sorted(group.members.values(), key=lambda m: m.member_id):
+            current = m.current
+            members.append(DescribedMember(
+                member_id=m.member_id,
+                instance_id=m.metadata.instance_id if m.metadata else None,
+                worker_url=m.metadata.worker_url if m.metadata else "",
+                member_epoch=current.epoch,
+                member_state=current.state.name if m.metadata else "UNKNOWN",
+                assigned=units_to_wire(current.assigned),
+                pending_revocation=units_to_wire(current.pending_revocation),
+                target=units_to_wire(group.target.get(m.member_id, EMPTY_TARGET).units),
+            ))
+        assignor = group.assignor_name
+        if group.members:
+            assignor = self._group_mode(group)[1]
+        return DescribedGroup(
+            error_code=0, error_message=None, group_id=group_id, group_state=group.state,
+            group_epoch=group.epoch, assignment_epoch=group.assignment_epoch,
+            assignor_name=assignor, connectors_and_tasks=units_to_wire(group.units),
+            members=tuple(members))
+
+    def unassigned_units(self, group_id: str) -> frozenset[Unit]:
+        """Units in no member's target (e.g. left out on purpose by a client assignor)."""
+        group = self.store.groups.get(group_id)
+        if group is None:
+            return EMPTY
+        targeted: set[Unit] = set()
+        for part in group.target.values():
+            targeted |= part.units
+        return group.units - targeted
+
+    def group_ids(self) -> list[str]:
+        return sorted(self.store.groups)
+
+    def groups_by_state(self) -> dict[str, int]:
+        counts = dict.fromkeys(("EMPTY", "ASSIGNING", "RECONCILING", "STABLE"), 0)
+        for group in self.store.groups.values():
+            counts[group.state] += 1
+        return counts
+
+    def member_count(self) -> int:
+        return self.store.member_total
+
+    # ------------------------------------------------------------------ admin
+    def _group_or_create(self, group_id: str, change: _Change) -> Group:
+        if not group_id:
+            raise ApiError(ErrorCode.INVALID_GROUP_ID, "group id must be non-empty")
+        group = self.store.groups.get(group_id)
+        return group if group is not None else self._create_group(group_id, change)
+
+    def _existing_group(self, group_id: str) -> Group:
+        group = self.store.groups.get(group_id)
+        if group is None:
+            raise ApiError(ErrorCode.GROUP_ID_NOT_FOUND, f"group {group_id} does not exist")
+        return group
+
+    def put_connector(self, group_id: str, connector: str, tasks: int,
+                      now_ms: int) -> Result[dict[str, Any]]:
+        if not connector:
+            raise invalid("connector name must be non-empty")
+        if isinstance(tasks, bool) or not isinstance(tasks, int) or not 0 <= tasks <= 100_000:
+            raise invalid(f"tasks must be an integer between 0 and 100000, got {tasks!r}")
+        change = _Change(self.store)
+        group = self._group_or_create(group_id, change)
+        changed = group.connectors.get(connector) != tasks
+        if changed:
+            connectors = dict(group.connectors)
+            connectors[connector] = tasks
+            change.write(connectors_record(group_id, connectors))
+            self._bump(group, change, trigger="connectors")
+            change.event("connector_set", group, None, connector=connector, tasks=tasks)
+            self._maybe_new_target(group, change, now_ms)
+        return change.result({"group": group_id, "connector": connector, "tasks": tasks,
+                              "changed": changed, "group_epoch": group.epoch})
+
+    def delete_connector(self, group_id: str, connector: str,
+                         now_ms: int) -> Result[dict[str, Any]]:
+        group = self._existing_group(group_id)
+        if connector not in group.connectors:
+            raise ApiError(ErrorCode.GROUP_ID_NOT_FOUND,
+                           f"group {group_id} has no connector {connector}")
+        change = _Change(self.store)
+        connectors = dict(group.connectors)
+        del connectors[connector]
+        change.write(connectors_record(group_id, connectors))
+        self._bump(group, change, trigger="connectors")
+        change.event("connector_deleted", group, None, connector=connector)
+        self._maybe_new_target(group, change, now_ms)
+        return change.result({"group": group_id, "connector": connector, "deleted": True,
+                              "group_epoch": group.epoch})
+
+    def remove_static_members(self, group_id: str, members: Sequence[tuple[str, str | None]],
+                              now_ms: int) -> Result[dict[str, Any]]:
+        group = self._existing_group(group_id)
+        change = _Change(self.store)
+        answers = []
+        removed = 0
+        for instance_id, member_id in members:
+            holder = group.instances.get(instance_id) if instance_id else None
+            code, message = ErrorCode.NONE, None
+            if holder is None:
+                code = ErrorCode.UNKNOWN_MEMBER_ID
+                message = f"group {group_id} has no static member with instance id {instance_id!r}"
+            elif member_id is not None and member_id != holder:
+                code = ErrorCode.FENCED_INSTANCE_ID
+                message = f"instance id {instance_id} belongs to member {holder}, not {member_id}"
+            else:
+                self._remove_member(group, holder, change, now_ms, reason="admin_removal",
+                                    bump=False)
+                removed += 1
+            answers.append({"instance_id": instance_id, "member_id": member_id or holder,
+                            "error_code": int(code), "error": code.name, "message": message})
+        if removed:
+            self._bump(group, change, trigger="admin_removal")
+            self._maybe_new_target(group, change, now_ms)
+        return change.result({"group": group_id, "members": answers, "removed": removed,
+                              "group_epoch": group.epoch})
+
+    def set_group_config(self, group_id: str, body: Mapping[str, Any],
+                         now_ms: int) -> Result[dict[str, Any]]:
+        current = self.store.groups[group_id].config if group_id in self.store.groups \
+            else GroupConfig()
+        try:
+            config = parse_group_config(body, current)
+        except ConfigError as error:
+            raise invalid(str(error)) from None
+        session = config.session_timeout_ms if config.session_timeout_ms > 0 \
+            else self.config.session_timeout_ms
+        interval = config.heartbeat_interval_ms if config.heartbeat_interval_ms > 0 \
+            else self.config.heartbeat_interval_ms
+        if interval >= session:
+            raise invalid(f"the heartbeat interval ({interval} ms) must be below the session "
+                          f"timeout ({session} ms)")
+        change = _Change(self.store)
+        group = self._group_or_create(group_id, change)
+        if config != group.config:
+            change.write(configuration_record(group_id, config))
+            change.event("group_config_set", group, None, config=body)
+        return change.result({"group": group_id, "config": _group_config_view(config)})
+
+    def group_config(self, group_id: str) -> dict[str, Any]:
+        return _group_config_view(self._existing_group(group_id).config)
+
+    def delete_group(self, group_id: str, now_ms: int) -> Result[dict[str, Any]]:
+        group = self._existing_group(group_id)
+        if group.members:
+            raise ApiError(ErrorCode.NON_EMPTY_GROUP,
+                           f"group {group_id} still has {len(group.members)} member(s)")
+        change = _Change(self.store)
+        change.event("group_deleted", group)
+        for member_id in list(group.target):
+            change.write(target_member_record(group_id, member_id, None))
+        change.write(connectors_record(group_id, None))
+        change.write(configuration_record(group_id, None))
+        change.write(Record(target_metadata_record(group_id, 0, 0, None, -1, b"").key, None))
+        change.write(Record(group_metadata_record(group_id, 0).key, None))
+        change.timers.append(TimerCancel(_timer(ASSIGNMENT_TIMER, group_id)))
+        change.timers.append(TimerCancel(_timer(ASSIGNOR_TIMER, group_id)))
+        return change.result({"group": group_id, "deleted": True})
+
+
+class _Fenced(ApiError):
+    def __init__(self, group: Group, member_id: str, sent: int, expected: int) -> None:
+        super().__init__(ErrorCode.FENCED_MEMBER_EPOCH,
+                         f"member {member_id} sent epoch {sent} but its epoch is {expected}; "
+                         "it was removed from the group and must rejoin with epoch 0")
+
+
+def _covering_members(metadata: Mapping[str, MemberMetadata], assignor: str) -> list[str]:
+    """Members whose version range for `assignor` covers every member's range, by id."""
+    ranges = {}
+    for member_id, md in metadata.items():
+        info = next((a for a in md.client_assignors if a.name == assignor), None)
+        if info is not None:
+            ranges[member_id] = (info.minimum_version, info.maximum_version)
+    if not ranges:
+        return []
+    low = min(r[0] for r in ranges.values())
+    high = max(r[1] for r in ranges.values())
+    return sorted(mid for mid, (lo, hi) in ranges.items() if lo <= low and hi >= high)
+
+
+def _describe_units(units: frozenset[Unit]) -> str:
+    from coordinator.units import format_unit
+
+    names = sorted(format_unit(u) for u in units)
+    shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+    return shown
+
+
+def _group_config_view(config: GroupConfig) -> dict[str, Any]:
+    return {
+        "connect.session.timeout.ms": config.session_timeout_ms,
+        "connect.heartbeat.interval.ms": config.heartbeat_interval_ms,
+        "connect.assignment.interval.ms": config.assignment_interval_ms,
+        "connect.assignor.offload.enable": config.assignor_offload_enable,
+        "scheduled.rebalance.max.delay.ms": config.scheduled_rebalance_max_delay_ms,
+    }

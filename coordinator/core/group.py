@@ -1,0 +1,475 @@
+"""The in-memory model of connect groups, changed only by `GroupStore.replay(record)`.
+
+Everything a record describes lives here; so does what is derived from records (the owner
+index, the set of members not yet reconciled). State that records do not describe — the
+worker chosen to compute a client-side assignment, the metadata Prepare handed out — is
+transient: it is rebuilt after a restart by the normal flow.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from coordinator.config import GroupConfig
+from coordinator.core.reconcile import EMPTY, CurrentAssignment, MemberState, TargetPart
+from coordinator.core.result import Record
+from coordinator.units import CONNECTOR, Unit, units_of
+from protocol.messages import (
+    ConnectGroupConfigurationKey,
+    ConnectGroupConfigurationValue,
+    ConnectGroupConnectorsKey,
+    ConnectGroupConnectorsValue,
+    ConnectGroupCurrentMemberAssignmentKey,
+    ConnectGroupCurrentMemberAssignmentValue,
+    ConnectGroupMemberMetadataKey,
+    ConnectGroupMemberMetadataValue,
+    ConnectGroupMetadataKey,
+    ConnectGroupMetadataValue,
+    ConnectGroupTargetAssignmentMemberKey,
+    ConnectGroupTargetAssignmentMemberValue,
+    ConnectGroupTargetAssignmentMetadataKey,
+    ConnectGroupTargetAssignmentMetadataValue,
+    ConnectorsAndTasks,
+    ConnectorTaskId,
+)
+
+
+class InvariantViolation(RuntimeError):
+    """The state would break a rule that must always hold (a bug, never a client's fault)."""
+
+
+@dataclass(frozen=True, slots=True)
+class AssignorInfo:
+    """One client-side assignor a member supports, as it reported it."""
+
+    name: str
+    minimum_version: int
+    maximum_version: int
+    reason: int
+    version: int
+    metadata: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class MemberMetadata:
+    """What a member told the coordinator about itself: the inputs of an assignment."""
+
+    instance_id: str | None
+    worker_url: str
+    rebalance_timeout_ms: int
+    server_assignor: str | None
+    client_assignors: tuple[AssignorInfo, ...]
+
+    def assignment_inputs_differ(self, other: MemberMetadata) -> bool:
+        """Whether a change needs a new target (seed 001's triggers), not just a record."""
+        return (
+            self.worker_url != other.worker_url
+            or self.server_assignor != other.server_assignor
+            or self.client_assignors != other.client_assignors
+        )
+
+
+@dataclass(slots=True)
+class Member:
+    member_id: str
+    metadata: MemberMetadata | None = None
+    current: CurrentAssignment = field(default_factory=CurrentAssignment)
+
+
+@dataclass(slots=True)
+class Group:
+    group_id: str
+    epoch: int = 0
+    connectors: dict[str, int] = field(default_factory=dict)
+    members: dict[str, Member] = field(default_factory=dict)
+    instances: dict[str, str] = field(default_factory=dict)  # instance id -> member id
+    assignment_epoch: int = 0
+    assignment_error: int = 0
+    assignor_name: str | None = None
+    last_assignment_ms: int = -1
+    assignor_state: bytes = b""
+    target: dict[str, TargetPart] = field(default_factory=dict)
+    owners: dict[Unit, str] = field(default_factory=dict)  # unit -> member that holds it
+    unreconciled: set[str] = field(default_factory=set)
+    config: GroupConfig = field(default_factory=GroupConfig)
+    # Transient (not in records): client-side assignment in progress.
+    chosen_member: str | None = None
+    compute_requested_ms: int | None = None
+    prepared: PreparedAssignment | None = None
+    rerun_at_ms: int | None = None  # a server assignor asked to run again then
+    # (group epoch, mode, assignor): member metadata only changes with the group epoch.
+    mode_cache: tuple[int, str, str] | None = None
+    chosen_epoch: int = -1
+    _units: frozenset[Unit] | None = None
+
+    @property
+    def units(self) -> frozenset[Unit]:
+        """Everything the group runs (cached; connectors change rarely)."""
+        if self._units is None:
+            self._units = units_of(self.connectors)
+        return self._units
+
+    @property
+    def state(self) -> str:
+        """EMPTY / ASSIGNING / RECONCILING / STABLE, in O(1)."""
+        if not self.members:
+            return "EMPTY"
+        if self.epoch > self.assignment_epoch:
+            return "ASSIGNING"
+        if self.unreconciled:
+            return "RECONCILING"
+        return "STABLE"
+
+    def is_reconciled(self, member: Member) -> bool:
+        current = member.current
+        return current.epoch == self.assignment_epoch and current.state is MemberState.STABLE
+
+    def refresh_reconciled(self, member: Member) -> None:
+        if self.is_reconciled(member):
+            self.unreconciled.discard(member.member_id)
+        else:
+            self.unreconciled.add(member.member_id)
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedAssignment:
+    """What Prepare handed out; Install is validated against it (seed 001)."""
+
+    group_epoch: int
+    member_ids: frozenset[str]
+    units: frozenset[Unit]
+    assignor_name: str
+
+
+# --- conversions between the model and the wire/record structs ---------------------------
+
+
+def units_to_wire(units: Iterable[Unit]) -> ConnectorsAndTasks:
+    connectors: list[str] = []
+    tasks: list[ConnectorTaskId] = []
+    for name, task in sorted(units):
+        if task == CONNECTOR:
+            connectors.append(name)
+        else:
+            tasks.append(ConnectorTaskId(connector=name, task=task))
+    return ConnectorsAndTasks(connectors=tuple(connectors), tasks=tuple(tasks))
+
+
+def units_from_record(value: ConnectorsAndTasks) -> frozenset[Unit]:
+    units: set[Unit] = {(name, CONNECTOR) for name in value.connectors}
+    units.update((task.connector, task.task) for task in value.tasks)
+    return frozenset(units)
+
+
+class GroupStore:
+    """All groups, plus `replay`: the one way their state changes."""
+
+    def __init__(self) -> None:
+        self.groups: dict[str, Group] = {}
+        self.member_total = 0
+
+    def group(self, group_id: str) -> Group:
+        group = self.groups.get(group_id)
+        if group is None:
+            group = self.groups[group_id] = Group(group_id)
+        return group
+
+    def _member(self, group: Group, member_id: str) -> Member:
+        member = group.members.get(member_id)
+        if member is None:
+            member = group.members[member_id] = Member(member_id)
+            self.member_total += 1
+            group.refresh_reconciled(member)
+        return member
+
+    def replay(self, record: Record) -> None:
+        key = record.key
+        value = record.value
+        match key:
+            case ConnectGroupMetadataKey():
+                if value is None:
+                    self._delete_group(key.group_id)
+                else:
+                    assert isinstance(value, ConnectGroupMetadataValue)
+                    self.group(key.group_id).epoch = value.epoch
+            case ConnectGroupConnectorsKey():
+                group = self.group(key.group_id)
+                if value is None:
+                    group.connectors = {}
+                else:
+                    assert isinstance(value, ConnectGroupConnectorsValue)
+                    group.connectors = {c.name: c.tasks for c in value.connectors}
+                group._units = None
+            case ConnectGroupMemberMetadataKey():
+                self._replay_member_metadata(key, value)
+            case ConnectGroupCurrentMemberAssignmentKey():
+                self._replay_current_assignment(key, value)
+            case ConnectGroupTargetAssignmentMemberKey():
+                group = self.group(key.group_id)
+                if value is None:
+                    group.target.pop(key.member_id, None)
+                else:
+                    assert isinstance(value, ConnectGroupTargetAssignmentMemberValue)
+                    group.target[key.member_id] = TargetPart(
+                        units_from_record(value.assigned), value.version, value.metadata
+                    )
+            case ConnectGroupTargetAssignmentMetadataKey():
+                self._replay_target_metadata(key, value)
+            case ConnectGroupConfigurationKey():
+                group = self.group(key.group_id)
+                if value is None:
+                    group.config = GroupConfig()
+                else:
+                    assert isinstance(value, ConnectGroupConfigurationValue)
+                    group.config = GroupConfig(
+                        session_timeout_ms=value.session_timeout_ms,
+                        heartbeat_interval_ms=value.heartbeat_interval_ms,
+                        assignment_interval_ms=value.assignment_interval_ms,
+                        assignor_offload_enable=(
+                            None
+                            if value.assignor_offload_enable < 0
+                            else bool(value.assignor_offload_enable)
+                        ),
+                        scheduled_rebalance_max_delay_ms=value.scheduled_rebalance_max_delay_ms,
+                    )
+            case _:
+                raise InvariantViolation(f"cannot replay a record with key {key!r}")
+
+    def _delete_group(self, group_id: str) -> None:
+        group = self.groups.pop(group_id, None)
+        if group is not None:
+            self.member_total -= len(group.members)
+
+    def _replay_member_metadata(self, key: ConnectGroupMemberMetadataKey, value: object) -> None:
+        group = self.group(key.group_id)
+        if value is None:
+            member = group.members.pop(key.member_id, None)
+            if member is None:
+                return
+            self.member_total -= 1
+            self._release(group, key.member_id, member.current.held)
+            group.unreconciled.discard(key.member_id)
+            if member.metadata and member.metadata.instance_id is not None:
+                if group.instances.get(member.metadata.instance_id) == key.member_id:
+                    del group.instances[member.metadata.instance_id]
+            return
+        assert isinstance(value, ConnectGroupMemberMetadataValue)
+        member = self._member(group, key.member_id)
+        old_instance = member.metadata.instance_id if member.metadata else None
+        member.metadata = MemberMetadata(
+            instance_id=value.instance_id,
+            worker_url=value.worker_url,
+            rebalance_timeout_ms=value.rebalance_timeout_ms,
+            server_assignor=value.server_assignor,
+            client_assignors=tuple(
+                AssignorInfo(
+                    a.name, a.minimum_version, a.maximum_version, a.reason, a.version, a.metadata
+                )
+                for a in value.client_assignors
+            ),
+        )
+        if old_instance is not None and old_instance != value.instance_id:
+            if group.instances.get(old_instance) == key.member_id:
+                del group.instances[old_instance]
+        if value.instance_id is not None:
+            group.instances[value.instance_id] = key.member_id
+
+    def _replay_current_assignment(
+        self, key: ConnectGroupCurrentMemberAssignmentKey, value: object
+    ) -> None:
+        group = self.group(key.group_id)
+        if value is None:
+            member = group.members.get(key.member_id)
+            if member is not None:
+                self._release(group, key.member_id, member.current.held)
+                member.current = CurrentAssignment()
+                group.refresh_reconciled(member)
+            return
+        assert isinstance(value, ConnectGroupCurrentMemberAssignmentValue)
+        member = self._member(group, key.member_id)
+        new = CurrentAssignment(
+            epoch=value.member_epoch,
+            previous_epoch=value.previous_member_epoch,
+            state=MemberState(value.state),
+            assigned=units_from_record(value.assigned),
+            pending_revocation=units_from_record(value.pending_revocation),
+            error=value.error,
+            version=value.version,
+            metadata=value.metadata,
+        )
+        old_held = member.current.held
+        new_held = new.held
+        self._release(group, key.member_id, old_held - new_held)
+        self._claim(group, key.member_id, new_held - old_held)
+        member.current = new
+        group.refresh_reconciled(member)
+
+    def _replay_target_metadata(
+        self, key: ConnectGroupTargetAssignmentMetadataKey, value: object
+    ) -> None:
+        group = self.group(key.group_id)
+        if value is None:
+            group.assignment_epoch = 0
+            group.assignment_error = 0
+            group.assignor_name = None
+            group.last_assignment_ms = -1
+            group.assignor_state = b""
+        else:
+            assert isinstance(value, ConnectGroupTargetAssignmentMetadataValue)
+            epoch_changed = value.assignment_epoch != group.assignment_epoch
+            group.assignment_epoch = value.assignment_epoch
+            group.assignment_error = value.error
+            group.assignor_name = value.assignor_name
+            group.last_assignment_ms = value.last_assignment_ms
+            group.assignor_state = value.assignor_state
+            if not epoch_changed:
+                return
+        # A new target epoch changes who counts as reconciled: one pass over the members.
+        group.unreconciled = {
+            member_id
+            for member_id, member in group.members.items()
+            if not group.is_reconciled(member)
+        }
+
+    @staticmethod
+    def _release(group: Group, member_id: str, units: frozenset[Unit]) -> None:
+        owners = group.owners
+        for unit in units:
+            if owners.get(unit) == member_id:
+                del owners[unit]
+
+    @staticmethod
+    def _claim(group: Group, member_id: str, units: frozenset[Unit]) -> None:
+        owners = group.owners
+        for unit in units:
+            holder = owners.setdefault(unit, member_id)
+            if holder != member_id:
+                raise InvariantViolation(
+                    f"group {group.group_id}: {unit} would be held by {member_id} while "
+                    f"{holder} still holds it"
+                )
+
+
+# --- record builders -------------------------------------------------------------------
+
+
+def group_metadata_record(group_id: str, epoch: int) -> Record:
+    return Record(ConnectGroupMetadataKey(group_id=group_id), ConnectGroupMetadataValue(epoch=epoch))
+
+
+def member_metadata_record(group_id: str, member_id: str, metadata: MemberMetadata | None) -> Record:
+    from protocol.messages.connect_group_member_metadata_value import ClientAssignor
+
+    key = ConnectGroupMemberMetadataKey(group_id=group_id, member_id=member_id)
+    if metadata is None:
+        return Record(key, None)
+    return Record(
+        key,
+        ConnectGroupMemberMetadataValue(
+            instance_id=metadata.instance_id,
+            worker_url=metadata.worker_url,
+            rebalance_timeout_ms=metadata.rebalance_timeout_ms,
+            server_assignor=metadata.server_assignor,
+            client_assignors=tuple(
+                ClientAssignor(
+                    name=a.name,
+                    minimum_version=a.minimum_version,
+                    maximum_version=a.maximum_version,
+                    reason=a.reason,
+                    version=a.version,
+                    metadata=a.metadata,
+                )
+                for a in metadata.client_assignors
+            ),
+        ),
+    )
+
+
+def current_assignment_record(
+    group_id: str, member_id: str, current: CurrentAssignment | None
+) -> Record:
+    key = ConnectGroupCurrentMemberAssignmentKey(group_id=group_id, member_id=member_id)
+    if current is None:
+        return Record(key, None)
+    return Record(
+        key,
+        ConnectGroupCurrentMemberAssignmentValue(
+            member_epoch=current.epoch,
+            previous_member_epoch=current.previous_epoch,
+            state=int(current.state),
+            assigned=units_to_wire(current.assigned),
+            pending_revocation=units_to_wire(current.pending_revocation),
+            error=current.error,
+            version=current.version,
+            metadata=current.metadata,
+        ),
+    )
+
+
+def target_member_record(group_id: str, member_id: str, part: TargetPart | None) -> Record:
+    key = ConnectGroupTargetAssignmentMemberKey(group_id=group_id, member_id=member_id)
+    if part is None:
+        return Record(key, None)
+    return Record(
+        key,
+        ConnectGroupTargetAssignmentMemberValue(
+            assigned=units_to_wire(part.units), version=part.version, metadata=part.metadata
+        ),
+    )
+
+
+def target_metadata_record(
+    group_id: str,
+    epoch: int,
+    error: int,
+    assignor_name: str | None,
+    last_assignment_ms: int,
+    assignor_state: bytes,
+) -> Record:
+    return Record(
+        ConnectGroupTargetAssignmentMetadataKey(group_id=group_id),
+        ConnectGroupTargetAssignmentMetadataValue(
+            assignment_epoch=epoch,
+            error=error,
+            assignor_name=assignor_name,
+            last_assignment_ms=last_assignment_ms,
+            assignor_state=assignor_state,
+        ),
+    )
+
+
+def connectors_record(group_id: str, connectors: dict[str, int] | None) -> Record:
+    from protocol.messages.connect_group_connectors_value import Connector
+
+    key = ConnectGroupConnectorsKey(group_id=group_id)
+    if connectors is None:
+        return Record(key, None)
+    return Record(
+        key,
+        ConnectGroupConnectorsValue(
+            connectors=tuple(
+                Connector(name=name, tasks=tasks) for name, tasks in sorted(connectors.items())
+            )
+        ),
+    )
+
+
+def configuration_record(group_id: str, config: GroupConfig | None) -> Record:
+    key = ConnectGroupConfigurationKey(group_id=group_id)
+    if config is None:
+        return Record(key, None)
+    offload = config.assignor_offload_enable
+    return Record(
+        key,
+        ConnectGroupConfigurationValue(
+            session_timeout_ms=config.session_timeout_ms,
+            heartbeat_interval_ms=config.heartbeat_interval_ms,
+            assignment_interval_ms=config.assignment_interval_ms,
+            scheduled_rebalance_max_delay_ms=config.scheduled_rebalance_max_delay_ms,
+            assignor_offload_enable=-1 if offload is None else int(offload),
+        ),
+    )
+
+
+EMPTY_UNITS = EMPTY

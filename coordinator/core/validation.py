@@ -1,0 +1,130 @@
+"""Request validation: seed 001's rules and CONTRACT §5.3, each with its own message.
+
+Every function raises ApiError(INVALID_REQUEST, message naming the rule) on the first
+broken rule and returns nothing otherwise. They look only at the request, never at state.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from coordinator.units import CONNECTOR, Unit
+from protocol.errors import ApiError, ErrorCode
+
+JOIN_EPOCH = 0
+LEAVE_EPOCH = -1
+STATIC_LEAVE_EPOCH = -2
+
+
+def invalid(message: str) -> ApiError:
+    return ApiError(ErrorCode.INVALID_REQUEST, message)
+
+
+def units_from_wire(value: Any, what: str) -> frozenset[Unit]:
+    """ConnectorsAndTasks -> a set of units, rejecting empty names, bad ids and repeats."""
+    units: set[Unit] = set()
+    count = 0
+    for name in value.connectors:
+        if not name:
+            raise invalid(f"{what}: connector names must be non-empty")
+        units.add((name, CONNECTOR))
+        count += 1
+    for task in value.tasks:
+        if not task.connector:
+            raise invalid(f"{what}: task connector names must be non-empty")
+        if task.task < 0:
+            raise invalid(f"{what}: task ids must be >= 0, got {task.connector}-{task.task}")
+        units.add((task.connector, task.task))
+        count += 1
+    if len(units) != count:
+        raise invalid(f"{what}: a connector or task is listed more than once")
+    return frozenset(units)
+
+
+def validate_heartbeat(request: Any) -> frozenset[Unit] | None:
+    """Checks a ConnectGroupHeartbeatRequest; returns its owned units (None if not sent)."""
+    if not request.group_id:
+        raise invalid("GroupId must be non-empty")
+    if not request.member_id:
+        raise invalid("MemberId must be non-empty")
+    epoch = request.member_epoch
+    if epoch < STATIC_LEAVE_EPOCH:
+        raise invalid(f"MemberEpoch must be >= -2, got {epoch}")
+    if request.instance_id is not None and not request.instance_id:
+        raise invalid("InstanceId, if provided, must be non-empty")
+    if epoch == STATIC_LEAVE_EPOCH and request.instance_id is None:
+        raise invalid("MemberEpoch -2 (temporary leave) is only allowed with an InstanceId")
+    if request.worker_url is not None and not request.worker_url:
+        raise invalid("WorkerUrl, if provided, must be non-empty")
+    timeout = request.rebalance_timeout_ms
+    if epoch == JOIN_EPOCH:
+        if timeout <= 0:
+            raise invalid("RebalanceTimeoutMs must be larger than zero when joining")
+        if request.worker_url is None:
+            raise invalid("WorkerUrl must be set when joining")
+    elif timeout != -1 and timeout <= 0:
+        raise invalid(f"RebalanceTimeoutMs must be -1 (unchanged) or > 0, got {timeout}")
+    if request.server_assignor is not None and request.client_assignors is not None:
+        raise invalid("ServerAssignor and ClientAssignors cannot be used together")
+    if request.server_assignor is not None and not request.server_assignor:
+        raise invalid("ServerAssignor, if provided, must be non-empty")
+    if request.client_assignors is not None:
+        names: set[str] = set()
+        for assignor in request.client_assignors:
+            _validate_client_assignor(assignor)
+            if assignor.name in names:
+                raise invalid(f"Assignor {assignor.name!r} is listed more than once")
+            names.add(assignor.name)
+    owned = request.owned_connectors_and_tasks
+    if owned is None:
+        return None
+    units = units_from_wire(owned, "OwnedConnectorsAndTasks")
+    if epoch == JOIN_EPOCH and units:
+        raise invalid("a joining member (MemberEpoch 0) may not own connectors or tasks")
+    return units
+
+
+def _validate_client_assignor(assignor: Any) -> None:
+    if not assignor.name:
+        raise invalid("Assignor.Name must be non-empty")
+    if assignor.minimum_version < -1:
+        raise invalid(f"Assignor.MinimumVersion must be >= -1 ({assignor.name})")
+    if assignor.maximum_version < 0 or assignor.maximum_version < assignor.minimum_version:
+        raise invalid(
+            f"Assignor.MaximumVersion must be >= 0 and >= Assignor.MinimumVersion ({assignor.name})"
+        )
+    if not assignor.minimum_version <= assignor.version <= assignor.maximum_version:
+        raise invalid(
+            "Assignor.Version must be within [Assignor.MinimumVersion, "
+            f"Assignor.MaximumVersion] ({assignor.name}: {assignor.version} not in "
+            f"[{assignor.minimum_version}, {assignor.maximum_version}])"
+        )
+
+
+def validate_assignment_caller(request: Any) -> None:
+    """The rules Prepare and Install share."""
+    if not request.group_id:
+        raise ApiError(ErrorCode.INVALID_REQUEST, "GroupId must be non-empty")
+    if not request.member_id:
+        raise invalid("MemberId must be non-empty")
+    if request.member_epoch < 0:
+        raise invalid(f"MemberEpoch must be >= 0, got {request.member_epoch}")
+
+
+def validate_install(request: Any) -> dict[str, tuple[frozenset[Unit], int, bytes]]:
+    """Checks an Install request's shape; returns member id -> (units, version, metadata)."""
+    validate_assignment_caller(request)
+    if request.group_epoch < 0:
+        raise invalid(f"GroupEpoch must be >= 0, got {request.group_epoch}")
+    parts: dict[str, tuple[frozenset[Unit], int, bytes]] = {}
+    for member in request.members:
+        if not member.member_id:
+            raise invalid("Members[].MemberId must be non-empty")
+        if member.member_id in parts:
+            raise ApiError(
+                ErrorCode.INVALID_ASSIGNMENT,
+                f"member {member.member_id} is given more than one assignment",
+            )
+        units = units_from_wire(member.assigned, f"Members[{member.member_id}].Assigned")
+        parts[member.member_id] = (units, member.version, member.metadata)
+    return parts
