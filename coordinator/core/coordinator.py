@@ -91,8 +91,10 @@ class _Change:
     records: list[Record] = field(default_factory=list)
     timers: list[TimerOp] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
+    undo: list[Record] = field(default_factory=list)
 
     def write(self, record: Record) -> None:
+        self.undo.append(self.store.current_record(record.key))
         self.store.replay(record)
         self.records.append(record)
 
@@ -102,7 +104,8 @@ class _Change:
         self.events.append(Event(name, group.group_id, member_id, fields))
 
     def result(self, response: Any) -> Result[Any]:
-        return Result(response, self.records, self.timers, self.events)
+        self.undo.reverse()
+        return Result(response, self.records, self.timers, self.events, self.undo)
 
 
 def _timer(kind: str, group_id: str, member_id: str = "") -> TimerKey:
@@ -128,6 +131,19 @@ class GroupCoordinator:
     # ------------------------------------------------------------------ records
     def replay(self, record: Record) -> None:
         self.store.replay(record)
+
+    def rollback(self, result: Result[Any]) -> None:
+        """Undo a change whose records could not be made durable.
+
+        Changes must be rolled back newest first. Transient scheduling state (the chosen
+        worker, a prepared assignment) is dropped rather than restored: the normal flow
+        rebuilds it.
+        """
+        for record in result.undo:
+            self.store.replay(record)
+        for group in self.store.groups.values():
+            group.prepared = None
+            group.mode_cache = None
 
     def timers_after_load(self, now_ms: int) -> list[TimerOp]:
         """After start-up replay: fresh session timers, revocation timers mid-revocation."""

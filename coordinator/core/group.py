@@ -183,6 +183,50 @@ class GroupStore:
             group.refresh_reconciled(member)
         return member
 
+    def current_record(self, key: object) -> Record:
+        """The record that describes what the state holds for `key` now (None: nothing).
+
+        Writing it back undoes any later record with the same key: that is how a change
+        whose log write failed is rolled back.
+        """
+        match key:
+            case ConnectGroupMetadataKey():
+                group = self.groups.get(key.group_id)
+                return group_metadata_record(key.group_id, group.epoch) if group else Record(key, None)
+            case ConnectGroupConnectorsKey():
+                group = self.groups.get(key.group_id)
+                return connectors_record(key.group_id, group.connectors if group else None)
+            case ConnectGroupMemberMetadataKey():
+                member = self._find_member(key.group_id, key.member_id)
+                return member_metadata_record(
+                    key.group_id, key.member_id, member.metadata if member else None
+                )
+            case ConnectGroupCurrentMemberAssignmentKey():
+                member = self._find_member(key.group_id, key.member_id)
+                return current_assignment_record(
+                    key.group_id, key.member_id, member.current if member else None
+                )
+            case ConnectGroupTargetAssignmentMemberKey():
+                group = self.groups.get(key.group_id)
+                part = group.target.get(key.member_id) if group else None
+                return target_member_record(key.group_id, key.member_id, part)
+            case ConnectGroupTargetAssignmentMetadataKey():
+                group = self.groups.get(key.group_id)
+                if group is None:
+                    return Record(key, None)
+                return target_metadata_record(
+                    key.group_id, group.assignment_epoch, group.assignment_error,
+                    group.assignor_name, group.last_assignment_ms, group.assignor_state,
+                )
+            case ConnectGroupConfigurationKey():
+                group = self.groups.get(key.group_id)
+                return configuration_record(key.group_id, group.config if group else None)
+        raise InvariantViolation(f"no record type for key {key!r}")
+
+    def _find_member(self, group_id: str, member_id: str) -> Member | None:
+        group = self.groups.get(group_id)
+        return group.members.get(member_id) if group else None
+
     def replay(self, record: Record) -> None:
         key = record.key
         value = record.value

@@ -53,3 +53,5 @@ class Result(Generic[R]):
     records: list[Record] = field(default_factory=list)
     timers: list[TimerOp] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
+    # Records that restore the state from before this change, newest first (not logged).
+    undo: list[Record] = field(default_factory=list)

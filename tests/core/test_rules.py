@@ -387,3 +387,36 @@ def test_assignment_interval_batches_runs() -> None:
     runs = [r for r in ctx.log if type(r.key).__name__ == "ConnectGroupTargetAssignmentMetadataKey"]
     assert ctx.describe(G).assignment_epoch == ctx.describe(G).group_epoch
     assert len(runs) == 3  # the group's creation, w1's join, one run for both later joins
+
+
+def test_rollback_restores_the_state_before_a_change() -> None:
+    ctx = joined("w1")
+    settle(ctx, "w1")
+    before = ctx.core.describe_group(G)
+    changes = [ctx.core.heartbeat(_join_request("w2"), ctx.now)]
+    changes.append(ctx.core.put_connector(G, "B", 2, ctx.now))
+    view = ctx.member_view(G, "w1")
+    changes.append(ctx.core.heartbeat(_heartbeat_request("w1", view.member_epoch), ctx.now))
+    changes.append(ctx.core.heartbeat(_heartbeat_request("w1", view.member_epoch, leave=True),
+                                      ctx.now))
+    assert ctx.core.describe_group(G) != before
+    for result in reversed(changes):
+        ctx.core.rollback(result)
+    assert ctx.core.describe_group(G) == before
+    assert ctx.core.store.groups[G].owners == {
+        unit: "w1" for unit in ctx.core.store.groups[G].members["w1"].current.held}
+
+
+def _join_request(member: str) -> Any:
+    from protocol.messages import ConnectGroupHeartbeatRequest
+
+    return ConnectGroupHeartbeatRequest(
+        group_id=G, member_id=member, member_epoch=0, worker_url="http://x",
+        rebalance_timeout_ms=1000, client_assignors=(client_assignor(),))
+
+
+def _heartbeat_request(member: str, epoch: int, leave: bool = False) -> Any:
+    from protocol.messages import ConnectGroupHeartbeatRequest
+
+    return ConnectGroupHeartbeatRequest(group_id=G, member_id=member,
+                                        member_epoch=-1 if leave else epoch)
