@@ -16,7 +16,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from coordinator.assignors.api import AssignmentSpec, MemberSpec, ServerAssignor
+from coordinator.assignors.api import (
+    AssignmentResult,
+    AssignmentSpec,
+    MemberSpec,
+    ServerAssignor,
+)
 from coordinator.config import ConfigError, GroupConfig, ServerConfig, parse_group_config
 from coordinator.core.group import (
     AssignorInfo,
@@ -44,6 +49,7 @@ from coordinator.core.reconcile import (
 )
 from coordinator.core.result import (
     ASSIGNMENT_TIMER,
+    AssignorRun,
     ASSIGNOR_TIMER,
     REVOCATION_TIMER,
     SESSION_TIMER,
@@ -92,6 +98,7 @@ class _Change:
     timers: list[TimerOp] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
     undo: list[Record] = field(default_factory=list)
+    jobs: list[AssignorRun] = field(default_factory=list)
 
     def write(self, record: Record) -> None:
         self.undo.append(self.store.current_record(record.key))
@@ -105,7 +112,7 @@ class _Change:
 
     def result(self, response: Any) -> Result[Any]:
         self.undo.reverse()
-        return Result(response, self.records, self.timers, self.events, self.undo)
+        return Result(response, self.records, self.timers, self.events, self.undo, self.jobs)
 
 
 def _timer(kind: str, group_id: str, member_id: str = "") -> TimerKey:
@@ -127,6 +134,7 @@ class GroupCoordinator:
         self.config = config
         self.assignors = dict(assignors)
         self.store = GroupStore()
+        self._run_ids = 0
 
     # ------------------------------------------------------------------ records
     def replay(self, record: Record) -> None:
@@ -596,8 +604,13 @@ class GroupCoordinator:
             return False
         return self._interval_left(group, now_ms) == 0
 
+    def _offload(self, group: Group) -> bool:
+        override = group.config.assignor_offload_enable
+        return self.config.assignor_offload_enable if override is None else override
+
     def _run_server_assignor(self, group: Group, name: str, change: _Change, now_ms: int) -> None:
-        assignor = self.assignors[name]
+        if group.assignor_run is not None:
+            return  # at most one run per group in flight; its result triggers the next
         spec = AssignmentSpec(
             group_id=group.group_id,
             members={
@@ -615,31 +628,69 @@ class GroupCoordinator:
             now_ms=now_ms,
             scheduled_rebalance_max_delay_ms=self._scheduled_delay(group),
         )
+        self._run_ids += 1
+        run = AssignorRun(self._run_ids, group.group_id, name, group.epoch, now_ms, spec)
+        if self._offload(group):
+            # Seed 004: the run goes to the worker pool; heartbeats go on meanwhile.
+            group.assignor_run = run
+            change.jobs.append(run)
+            change.event("assignor_run_started", group, None, assignor=name, run=run.run_id)
+            return
         try:
-            result = assignor.assign(spec)
+            result: AssignmentResult | BaseException = self.assignors[name].assign(spec)
         except Exception as error:  # a plug-in assignor must not take the coordinator down
-            change.event("assignor_failed", group, None, assignor=name, error=repr(error))
+            result = error
+        self._apply_run(group, run, result, change, now_ms)
+
+    def complete_assignor_run(self, run: AssignorRun,
+                              outcome: AssignmentResult | BaseException,
+                              now_ms: int) -> Result[None]:
+        """An offloaded run landed (or failed, or timed out): apply it with what changed."""
+        change = _Change(self.store)
+        group = self.store.groups.get(run.group_id)
+        if group is None or group.assignor_run is None or group.assignor_run.run_id != run.run_id:
+            return change.result(None)  # the group was deleted (or reset) meanwhile
+        group.assignor_run = None
+        self._apply_run(group, run, outcome, change, now_ms)
+        self._maybe_new_target(group, change, now_ms)
+        return change.result(None)
+
+    def _apply_run(self, group: Group, run: AssignorRun,
+                   outcome: AssignmentResult | BaseException, change: _Change,
+                   now_ms: int) -> None:
+        name = run.assignor
+        if isinstance(outcome, BaseException):
+            change.event("assignor_failed", group, None, assignor=name, error=repr(outcome),
+                         run=run.run_id)
             change.timers.append(TimerSet(_timer(ASSIGNMENT_TIMER, group.group_id),
                                           now_ms + max(1_000, self._assignment_interval(group))))
             return
         units = group.units
         parts: dict[str, TargetPart] = {}
         seen: set[Unit] = set()
-        for member_id, member_units in result.target.items():
-            if member_id not in group.members:
-                continue
-            kept = member_units & units
+        for member_id, member_units in outcome.target.items():
+            owner = member_id
+            if owner not in group.members:
+                # Missed changes (seed 004): a replaced static member hands its part to the
+                # new instance; a member that is gone loses its part.
+                spec_member = run.spec.members.get(member_id)
+                instance = spec_member.instance_id if spec_member else None
+                owner = group.instances.get(instance, "") if instance else ""
+                if owner not in group.members:
+                    continue
+            kept = member_units & units  # units deleted meanwhile are dropped
             if not seen.isdisjoint(kept):
                 change.event("assignor_failed", group, None, assignor=name,
-                             error="assignor gave a unit to two members")
+                             error="assignor gave a unit to two members", run=run.run_id)
                 return
             seen |= kept
-            parts[member_id] = TargetPart(frozenset(kept))
-        self._install_target(group, change, group.epoch, parts, 0, name, now_ms, result.state)
-        if result.rerun_at_ms is not None:
+            parts[owner] = TargetPart(frozenset(kept))
+        self._install_target(group, change, run.group_epoch, parts, 0, name, now_ms,
+                             outcome.state)
+        if outcome.rerun_at_ms is not None:
             change.timers.append(TimerSet(_timer(ASSIGNMENT_TIMER, group.group_id),
-                                          max(result.rerun_at_ms, now_ms)))
-        group.rerun_at_ms = result.rerun_at_ms
+                                          max(outcome.rerun_at_ms, now_ms)))
+        group.rerun_at_ms = outcome.rerun_at_ms
 
     def _install_target(self, group: Group, change: _Change, epoch: int,
                         parts: Mapping[str, TargetPart], error: int, assignor: str | None,
@@ -981,6 +1032,7 @@ class GroupCoordinator:
                            f"group {group_id} still has {len(group.members)} member(s)")
         change = _Change(self.store)
         change.event("group_deleted", group)
+        group.assignor_run = None
         for member_id in list(group.target):
             change.write(target_member_record(group_id, member_id, None))
         change.write(connectors_record(group_id, None))

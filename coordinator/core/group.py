@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from coordinator.config import GroupConfig
 from coordinator.core.reconcile import EMPTY, CurrentAssignment, MemberState, TargetPart
@@ -98,6 +99,7 @@ class Group:
     compute_requested_ms: int | None = None
     prepared: PreparedAssignment | None = None
     rerun_at_ms: int | None = None  # a server assignor asked to run again then
+    assignor_run: Any = None  # the offloaded AssignorRun in flight, if any
     # (group epoch, mode, assignor): member metadata only changes with the group epoch.
     mode_cache: tuple[int, str, str] | None = None
     chosen_epoch: int = -1

@@ -47,6 +47,22 @@ class Event:
     fields: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True, slots=True)
+class AssignorRun:
+    """A server-side assignor run handed to the worker pool (seed 004's offload).
+
+    The shell runs `assignors[assignor].assign(spec)` off the event loop, bounded by the
+    run time limit, and hands the outcome to `GroupCoordinator.complete_assignor_run`.
+    """
+
+    run_id: int
+    group_id: str
+    assignor: str
+    group_epoch: int
+    started_ms: int
+    spec: Any
+
+
 @dataclass(slots=True)
 class Result(Generic[R]):
     response: R
@@ -55,3 +71,5 @@ class Result(Generic[R]):
     events: list[Event] = field(default_factory=list)
     # Records that restore the state from before this change, newest first (not logged).
     undo: list[Record] = field(default_factory=list)
+    # Server-side assignor runs to start in the worker pool.
+    jobs: list[AssignorRun] = field(default_factory=list)

@@ -13,7 +13,7 @@ from coordinator.assignors import load_assignors
 from coordinator.config import ServerConfig
 from coordinator.core.coordinator import GroupCoordinator
 from coordinator.core.group import units_to_wire
-from coordinator.core.result import Record, Result, TimerCancel, TimerKey, TimerSet
+from coordinator.core.result import AssignorRun, Record, Result, TimerCancel, TimerKey, TimerSet
 from coordinator.units import CONNECTOR, Unit
 from protocol.errors import ErrorCode
 from protocol.messages import (
@@ -50,7 +50,8 @@ def client_assignor(name: str = ICA, low: int = 1, high: int = 2, reason: int = 
 
 
 class Context:
-    def __init__(self, config: ServerConfig | None = None, start_ms: int = 1_000_000) -> None:
+    def __init__(self, config: ServerConfig | None = None, start_ms: int = 1_000_000,
+                 run_jobs: bool = True) -> None:
         self.config = config or ServerConfig(assignment_interval_ms=0, server_assignors=("round-robin",))
         self.assignors = load_assignors(self.config.server_assignors)
         self.core = GroupCoordinator(self.config, self.assignors)
@@ -58,6 +59,9 @@ class Context:
         self.timers: dict[TimerKey, int] = {}
         self.log: list[Record] = []
         self.last: Result[Any] | None = None
+        # Offloaded assignor runs: finished at once when run_jobs, else left for the test.
+        self.run_jobs = run_jobs
+        self.jobs: list[AssignorRun] = []
 
     # --- plumbing ---
     def apply(self, result: Result[Any]) -> Any:
@@ -68,7 +72,21 @@ class Context:
                 self.timers[op.key] = op.deadline_ms
             elif isinstance(op, TimerCancel):
                 self.timers.pop(op.key, None)
-        return result.response
+        self.jobs.extend(result.jobs)
+        response = result.response
+        while self.run_jobs and self.jobs:
+            self.finish_job(self.jobs.pop(0))
+        self.last = result
+        return response
+
+    def finish_job(self, job: AssignorRun, outcome: Any = None) -> None:
+        """Complete an offloaded run, as the worker pool would (or with a given outcome)."""
+        if outcome is None:
+            try:
+                outcome = self.assignors[job.assignor].assign(job.spec)
+            except Exception as error:
+                outcome = error
+        self.apply(self.core.complete_assignor_run(job, outcome, self.now))
 
     def advance(self, ms: int) -> list[TimerKey]:
         """Move the clock, firing due timers in deadline order; returns the fired keys."""

@@ -367,6 +367,9 @@ def test_server_side_round_robin_end_to_end() -> None:
     ctx.put_connector(G, "A", 3)
     r1 = ctx.join(G, "w1", server_assignor="round-robin")
     assert r1.error_code == ErrorCode.NONE
+    # The run is offloaded (seed 004): the target is there on the next heartbeat.
+    assert r1.member_epoch == 1 and wire_units(r1.assignment.assigned) == frozenset()
+    r1 = ctx.heartbeat(G, "w1", 1)
     assert wire_units(r1.assignment.assigned) == units("A", "A-0", "A-1", "A-2")
     ctx.join(G, "w2", server_assignor="round-robin")
     settle(ctx, "w1", "w2")

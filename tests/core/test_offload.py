@@ -1,0 +1,107 @@
+"""Seed 004 in the core: offloaded assignor runs, one in flight per group, missed changes."""
+
+from __future__ import annotations
+
+from coordinator.assignors.api import AssignmentResult
+from coordinator.config import ServerConfig
+from protocol.errors import ErrorCode
+
+from .context import Context, units, wire_units
+
+G = "g"
+RR = "round-robin"
+
+
+def offload_context(interval_ms: int = 0) -> Context:
+    config = ServerConfig(assignment_interval_ms=interval_ms, server_assignors=(RR,))
+    ctx = Context(config, run_jobs=False)
+    ctx.put_connector(G, "A", 3)
+    return ctx
+
+
+def test_heartbeats_are_answered_while_a_run_is_in_flight() -> None:
+    ctx = offload_context()
+    ctx.join(G, "w1", server_assignor=RR)
+    assert len(ctx.jobs) == 1
+    for _ in range(3):
+        response = ctx.heartbeat(G, "w1", 1)
+        assert response.error_code == ErrorCode.NONE and response.member_epoch == 1
+    ctx.join(G, "w2", server_assignor=RR)
+    assert len(ctx.jobs) == 1  # at most one run per group in flight
+    ctx.finish_job(ctx.jobs.pop())
+    # The result landed at the epoch it was computed for; the newer epoch starts a run.
+    assert ctx.describe(G).assignment_epoch == ctx.describe(G).group_epoch - 1
+    assert len(ctx.jobs) == 1
+    ctx.finish_job(ctx.jobs.pop())
+    assert ctx.describe(G).assignment_epoch == ctx.describe(G).group_epoch
+
+
+def test_member_gone_during_run_loses_its_part() -> None:
+    ctx = offload_context()
+    ctx.join(G, "w1", server_assignor=RR)
+    ctx.finish_job(ctx.jobs.pop())
+    ctx.join(G, "w2", server_assignor=RR)
+    job = ctx.jobs.pop()
+    assert set(job.spec.members) == {"w1", "w2"}
+    ctx.heartbeat(G, "w2", -1)
+    ctx.finish_job(job)
+    target = {m.member_id: wire_units(m.target) for m in ctx.describe(G).members}
+    assert set(target) == {"w1"}
+    assert ctx.core.store.groups[G].target.keys() == {"w1"}
+
+
+def test_replaced_static_member_gets_the_part() -> None:
+    ctx = offload_context()
+    ctx.join(G, "m1", instance_id="i1", server_assignor=RR)
+    job = ctx.jobs.pop()
+    ctx.heartbeat(G, "m1", -2, instance_id="i1")
+    ctx.join(G, "m2", instance_id="i1", server_assignor=RR, worker_url="http://m1:8083")
+    ctx.finish_job(job)
+    assert wire_units(ctx.member_view(G, "m2").target) == units("A", "A-0", "A-1", "A-2")
+
+
+def test_deleted_group_drops_the_result() -> None:
+    ctx = offload_context()
+    ctx.join(G, "w1", server_assignor=RR)
+    job = ctx.jobs.pop()
+    ctx.heartbeat(G, "w1", -1)
+    ctx.jobs.clear()
+    ctx.apply(ctx.core.delete_group(G, ctx.now))
+    before = len(ctx.log)
+    ctx.finish_job(job)
+    assert len(ctx.log) == before
+    assert ctx.core.group_ids() == []
+
+
+def test_failed_or_timed_out_run_keeps_the_target_and_retries() -> None:
+    ctx = offload_context(interval_ms=1_000)
+    ctx.join(G, "w1", server_assignor=RR)
+    ctx.finish_job(ctx.jobs.pop())
+    before = ctx.describe(G)
+    ctx.join(G, "w2", server_assignor=RR)
+    ctx.advance(1_000)
+    ctx.finish_job(ctx.jobs.pop(), TimeoutError("assignor run exceeded 30000 ms"))
+    assert ctx.describe(G).assignment_epoch == before.assignment_epoch
+    assert ctx.heartbeat(G, "w1", before.members[0].member_epoch).error_code == ErrorCode.NONE
+    ctx.advance(1_000)  # retried after the interval
+    assert len(ctx.jobs) == 1
+    ctx.finish_job(ctx.jobs.pop())
+    assert ctx.describe(G).assignment_epoch == ctx.describe(G).group_epoch
+
+
+def test_assignor_giving_a_unit_twice_is_rejected() -> None:
+    ctx = offload_context()
+    ctx.join(G, "w1", server_assignor=RR)
+    ctx.join(G, "w2", server_assignor=RR)
+    job = ctx.jobs.pop()
+    bad = AssignmentResult(target={"w1": units("A"), "w2": units("A")})
+    ctx.finish_job(job, bad)
+    assert ctx.core.store.groups[G].target == {}
+
+
+def test_inline_when_offload_is_disabled_for_the_group() -> None:
+    ctx = offload_context()
+    ctx.apply(ctx.core.set_group_config(G, {"connect.assignor.offload.enable": False}, ctx.now))
+    response = ctx.join(G, "w1", server_assignor=RR)
+    assert not ctx.jobs
+    assert wire_units(response.assignment.assigned) == units("A", "A-0", "A-1", "A-2")
