@@ -52,7 +52,7 @@ def client_assignor(name: str = ICA, low: int = 1, high: int = 2, reason: int = 
 class Context:
     def __init__(self, config: ServerConfig | None = None, start_ms: int = 1_000_000,
                  run_jobs: bool = True) -> None:
-        self.config = config or ServerConfig(assignment_interval_ms=0, server_assignors=("round-robin",))
+        self.config = config or ServerConfig(assignment_interval_ms=0)
         self.assignors = load_assignors(self.config.server_assignors)
         self.core = GroupCoordinator(self.config, self.assignors)
         self.now = start_ms

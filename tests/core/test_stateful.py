@@ -289,3 +289,10 @@ class ServerAssignedMachine(CoordinatorMachine):
 
 TestClientAssigned = CoordinatorMachine.TestCase
 TestServerAssigned = ServerAssignedMachine.TestCase
+
+
+class BalancedMachine(CoordinatorMachine):
+    server_assignor = "balanced"
+
+
+TestBalancedAssigned = BalancedMachine.TestCase
