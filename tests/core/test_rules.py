@@ -423,3 +423,32 @@ def _heartbeat_request(member: str, epoch: int, leave: bool = False) -> Any:
 
     return ConnectGroupHeartbeatRequest(group_id=G, member_id=member,
                                         member_epoch=-1 if leave else epoch)
+
+
+class _NoScanDict(dict):  # type: ignore[type-arg]
+    """A members map that fails the test if anything walks over it."""
+
+    def _scan(self, *args: Any) -> Any:
+        raise AssertionError("a stable heartbeat scanned the group")
+
+    __iter__ = values = items = keys = _scan  # type: ignore[assignment]
+
+
+def test_stable_heartbeat_never_scans_the_group() -> None:
+    ctx = Context(ServerConfig(assignment_interval_ms=0))
+    ctx.put_connector(G, "A", 40)
+    members = [f"w{i}" for i in range(20)]
+    for member in members:
+        ctx.join(G, member, server_assignor="balanced")
+    for _ in range(3):
+        for member in members:
+            view = ctx.core.store.groups[G].members[member].current
+            ctx.heartbeat(G, member, view.epoch, owned=view.assigned)
+    group = ctx.core.store.groups[G]
+    assert group.state == "STABLE"
+    group.members = _NoScanDict(group.members)
+    for member in members:
+        current = dict.__getitem__(group.members, member).current
+        response = ctx.heartbeat(G, member, current.epoch, owned=current.assigned)
+        assert response.error_code == ErrorCode.NONE
+        assert ctx.last is not None and ctx.last.records == []
