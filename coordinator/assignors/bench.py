@@ -19,6 +19,7 @@ import math
 import statistics
 import time
 from collections.abc import Mapping
+from typing import Any
 
 from coordinator.assignors import get_assignor
 from coordinator.assignors.api import AssignmentResult, AssignmentSpec, MemberSpec, ServerAssignor
@@ -30,7 +31,7 @@ NOW_MS = 1_000_000
 
 def run(
     assignor_name: str, workers: int, connectors: int, tasks: int, repeats: int = 20
-) -> dict[str, object]:
+) -> dict[str, Any]:
     if workers < 1 or connectors < 1 or tasks < 0 or repeats < 1:
         raise ValueError("need workers >= 1, connectors >= 1, tasks >= 0 and repeats >= 1")
     assignor = get_assignor(assignor_name)

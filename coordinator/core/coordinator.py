@@ -492,6 +492,8 @@ class GroupCoordinator:
         group_id = group.group_id
         member = group.members[member_id]
         if member_id in group.target:
+            if reason != "replaced":
+                group.departed_parts[member_id] = group.target[member_id].units
             change.write(target_member_record(group_id, member_id, None))
         change.write(current_assignment_record(group_id, member_id, None))
         change.write(member_metadata_record(group_id, member_id, None))
@@ -623,7 +625,8 @@ class GroupCoordinator:
                 for m in group.members.values()
             },
             connectors=dict(group.connectors),
-            previous_target={mid: part.units for mid, part in group.target.items()},
+            previous_target={**group.departed_parts,
+                             **{mid: part.units for mid, part in group.target.items()}},
             previous_state=group.assignor_state if group.assignor_name == name else b"",
             now_ms=now_ms,
             scheduled_rebalance_max_delay_ms=self._scheduled_delay(group),
@@ -687,6 +690,8 @@ class GroupCoordinator:
             parts[owner] = TargetPart(frozenset(kept))
         self._install_target(group, change, run.group_epoch, parts, 0, name, now_ms,
                              outcome.state)
+        for member_id in run.spec.previous_target:
+            group.departed_parts.pop(member_id, None)
         if outcome.rerun_at_ms is not None:
             change.timers.append(TimerSet(_timer(ASSIGNMENT_TIMER, group.group_id),
                                           max(outcome.rerun_at_ms, now_ms)))

@@ -49,7 +49,9 @@ def make_spec(
     )
 
 
-def as_coordinator_installs(spec: AssignmentSpec, result: AssignmentResult) -> dict[str, frozenset[Unit]]:
+def as_coordinator_installs(
+    spec: AssignmentSpec, result: AssignmentResult
+) -> dict[str, frozenset[Unit]]:
     """The target the coordinator keeps: member parts limited to the units that exist."""
     units = units_of(spec.connectors)
     return {m: part & units for m, part in result.target.items() if m in spec.members}

@@ -8,9 +8,9 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from coordinator.assignors.api import AssignmentResult, AssignmentSpec
+from coordinator.assignors.api import AssignmentResult, AssignmentSpec, MemberSpec
 from coordinator.assignors.balanced import BalancedAssignor
-from coordinator.units import CONNECTOR, Unit, units_of
+from coordinator.units import Unit, units_of
 from tests.assignors.helpers import (
     Target,
     as_coordinator_installs,
@@ -42,7 +42,7 @@ def run(spec: AssignmentSpec) -> AssignmentResult:
 
 def settled_group(
     members: list[str], connectors: dict[str, int], with_identity: bool = True
-) -> tuple[list, AssignmentSpec, AssignmentResult]:
+) -> tuple[list[MemberSpec], AssignmentSpec, AssignmentResult]:
     """A group that ran once from scratch: its member specs, the spec and the result."""
     specs = [
         member(m, instance_id=f"instance-{m}" if with_identity else None, url=f"http://{m}")
@@ -130,7 +130,15 @@ def test_with_no_delay_only_the_leaving_workers_units_move(
 # --- delayed rebalance ----------------------------------------------------------------------
 
 
-def _depart(mode: str, group: tuple[list[str], dict[str, int], str], with_identity: bool = True):
+Departure = tuple[
+    list[MemberSpec], list[MemberSpec], AssignmentResult, AssignmentSpec, AssignmentResult
+]
+
+
+def _depart(
+    mode: str, group: tuple[list[str], dict[str, int], str], with_identity: bool = True
+) -> Departure:
+    """Settle the group, then run without the leaver: (specs, stayers, before, spec, after)."""
     members, connectors, leaver = group
     specs, _, before = settled_group(members, connectors, with_identity)
     assume(before.target[leaver])  # the leaver must hold something to hold back
@@ -140,7 +148,9 @@ def _depart(mode: str, group: tuple[list[str], dict[str, int], str], with_identi
     return specs, stayers, before, spec, run(spec)
 
 
-def _assert_survivors_unchanged(before: Target, after: Target, stayers: list) -> None:
+def _assert_survivors_unchanged(
+    before: Target, after: Target, stayers: list[MemberSpec]
+) -> None:
     for stayer in stayers:
         assert after[stayer.member_id] == before[stayer.member_id]
 
@@ -230,18 +240,31 @@ def test_when_every_worker_left_the_bookkeeping_is_kept() -> None:
     assert expired.rerun_at_ms is None
 
 
-def test_two_workers_leaving_at_once_are_held_back_separately() -> None:
+@pytest.mark.parametrize("mode", DEPARTED_PART_MODES)
+def test_two_workers_leaving_at_once_are_held_back(mode: str) -> None:
     connectors = {"a": 4, "b": 4, "c": 1}
     specs, _, before = settled_group(["w1", "w2", "w3", "w4"], connectors)
     stayers = specs[2:]
-    previous = {m: p for m, p in before.target.items() if m not in ("w1", "w2")}
-    during = run(make_spec(stayers, connectors, before.target, now_ms=T0, delay_ms=DELAY_MS,
+    previous = dict(before.target)
+    if mode == "dropped":
+        del previous["w1"], previous["w2"]
+    during = run(make_spec(stayers, connectors, previous, now_ms=T0, delay_ms=DELAY_MS,
                            state=before.state))
-    assert assigned(during.target) == assigned(previous)
-    back = run(make_spec([*stayers, member("w2-new", instance_id=specs[1].instance_id)],
-                         connectors, during, now_ms=T0 + 5, delay_ms=DELAY_MS))
-    assert back.target["w2-new"] == before.target["w2"]
-    assert back.rerun_at_ms == T0 + DELAY_MS
+    assert assigned(during.target) == before.target["w3"] | before.target["w4"]
+    assert during.rerun_at_ms == T0 + DELAY_MS
+
+    returning = member("w2-new", instance_id=specs[1].instance_id)
+    back = run(make_spec([*stayers, returning], connectors, during, now_ms=T0 + 5,
+                         delay_ms=DELAY_MS))
+    if mode == "kept":  # each departed part is known, so w2 gets exactly its own back
+        assert back.target["w2-new"] == before.target["w2"]
+        assert back.rerun_at_ms == T0 + DELAY_MS
+    # (dropped: the two parts cannot be told apart; they wait together for the deadline)
+    expired_spec = make_spec([*stayers, returning], connectors, back, now_ms=T0 + DELAY_MS,
+                             delay_ms=DELAY_MS)
+    expired = run(expired_spec)
+    check_complete_and_balanced(expired_spec, expired)
+    assert expired.rerun_at_ms is None
 
 
 # --- robustness -----------------------------------------------------------------------------
@@ -312,4 +335,21 @@ def test_a_long_run_of_changes_keeps_every_invariant(mode: str, data: st.DataObj
         assert result.rerun_at_ms is None or result.rerun_at_ms <= now_ms + DELAY_MS
         previous = as_coordinator_installs(spec, result)
         state = result.state
-    assert all(task >= CONNECTOR for _, task in assigned(previous))
+
+
+def test_an_instance_id_match_beats_a_url_match() -> None:
+    connectors = {"a": 6}
+    specs, _, before = settled_group(["w1", "w2", "w3"], connectors)
+    leaver = specs[0]
+    during = run(make_spec(specs[1:], connectors, before, now_ms=T0, delay_ms=DELAY_MS))
+    # "a-newcomer" sorts first and shares the URL, but only "z-returning" has the instance id
+    returning = member("z-returning", instance_id=leaver.instance_id, url="http://moved")
+
+    def rejoin(newcomer_url: str) -> Target:
+        newcomer = member("a-newcomer", url=newcomer_url)
+        return run(make_spec([*specs[1:], newcomer, returning], connectors, during,
+                             now_ms=T0 + 1, delay_ms=DELAY_MS)).target
+
+    # the shared URL changes nothing: the units went back by instance id
+    assert rejoin(leaver.worker_url) == rejoin("http://unrelated")
+    assert rejoin(leaver.worker_url)["z-returning"] <= before.target["w1"]

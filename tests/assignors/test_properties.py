@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pickle
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -72,3 +74,14 @@ def test_units_that_no_longer_exist_are_dropped(name: str) -> None:
     result = _assignor(name).assign(spec)
     check_valid(spec, result)
     check_complete_and_balanced(spec, result)
+
+
+@pytest.mark.parametrize("name", ASSIGNORS)
+def test_assignor_spec_and_result_cross_a_process_boundary(name: str) -> None:
+    # offloaded runs (trio-parallel) pickle the assignor, the spec and the result
+    spec = make_spec(["a", "b"], {"c": 3}, {"gone": frozenset({("c", 0)})})
+    assignor = pickle.loads(pickle.dumps(_assignor(name)))
+    result = assignor.assign(pickle.loads(pickle.dumps(spec)))
+    copy = pickle.loads(pickle.dumps(result))
+    assert (copy.target, copy.state, copy.rerun_at_ms) == (
+        result.target, result.state, result.rerun_at_ms)
