@@ -1,0 +1,255 @@
+"""The `connect-coordinator` command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+DESCRIPTION = """\
+connect-coordinator: a standalone group coordinator for Kafka Connect workers, speaking the
+KIP-848 style Connect rebalance protocol (ConnectGroupHeartbeat, PrepareAssignment,
+InstallAssignment, Describe) over Kafka's binary protocol.
+"""
+
+EPILOG = """\
+commands:
+  serve      run the coordinator (KRPC listener, admin HTTP API, durable log)
+  describe   show groups, their epochs and members' assignments
+  bench      benchmarks: codec | assignor | heartbeats | core | log
+  log        log tools: check | dump | compact | snapshot
+
+Run `connect-coordinator COMMAND --help` for the options of each command.
+"""
+
+
+def _serve_parser(commands: Any) -> None:
+    serve = commands.add_parser(
+        "serve", help="run the coordinator",
+        description="Run the coordinator until SIGTERM or SIGINT, then shut down gracefully "
+                    "(stop accepting, finish requests in flight, flush the log).",
+    )
+    serve.add_argument("--listen", default="127.0.0.1:19092", metavar="HOST:PORT",
+                       help="KRPC listener for Connect workers (default %(default)s)")
+    serve.add_argument("--admin-listen", default="127.0.0.1:19093", metavar="HOST:PORT",
+                       help="admin HTTP API, /metrics, /healthz, /readyz (default %(default)s)")
+    serve.add_argument("--data-dir", default="./data", type=Path, metavar="DIR",
+                       help="where the record log lives; created if missing (default %(default)s)")
+    serve.add_argument("--config", type=Path, metavar="FILE.toml",
+                       help="a TOML file of server config keys (see README)")
+    serve.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                       help="override one config key, e.g. "
+                            "--set group.connect.assignment.interval.ms=0 (repeatable)")
+    serve.add_argument("--log-level", default="info",
+                       choices=["debug", "info", "warning", "error"])
+    serve.add_argument("--log-format", choices=["json", "console"],
+                       help="default: json unless stderr is a terminal")
+
+
+def _describe_parser(commands: Any) -> None:
+    describe = commands.add_parser(
+        "describe", help="describe groups over KRPC",
+        description="Describe connect groups with ConnectGroupDescribe. With no GROUP, "
+                    "lists the groups through the admin API (--admin) first.")
+    describe.add_argument("groups", nargs="*", metavar="GROUP")
+    describe.add_argument("--bootstrap", default="127.0.0.1:19092", metavar="HOST:PORT")
+    describe.add_argument("--admin", metavar="URL",
+                          help="admin API base URL, used to list groups when none are named "
+                               "(default: http://HOST:19093 of --bootstrap)")
+    describe.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="connect-coordinator", description=DESCRIPTION, epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    _serve_parser(commands)
+    _describe_parser(commands)
+    bench = commands.add_parser("bench", help="benchmarks (see BENCHMARKS.md)",
+                                description="Benchmarks; each takes --help.")
+    bench.add_argument("which", choices=["codec", "assignor", "heartbeats", "core", "log"])
+    bench.add_argument("rest", nargs=argparse.REMAINDER)
+    tools = commands.add_parser("log", help="log tools: check, dump, compact, snapshot",
+                                description="Tools for the record log in --data-dir.")
+    tools.add_argument("rest", nargs=argparse.REMAINDER)
+    for name, text in (("simulate", "fake Connect workers under chaos"),
+                       ("metrics", "record metrics: metrics record ..."),
+                       ("report", "the PySpark capacity report")):
+        extra = commands.add_parser(name, help=text, add_help=False)
+        extra.add_argument("rest", nargs=argparse.REMAINDER)
+    return parser
+
+
+FORWARDED = {"log": "coordinator.log.cli", "simulate": "coordinator.workers.simulate",
+             "metrics": "coordinator.report.recorder", "report": "coordinator.report.job"}
+BENCHES: dict[str, str] = {
+    "codec": "protocol.bench",
+    "assignor": "coordinator.assignors.bench",
+    "heartbeats": "coordinator.server.bench_heartbeats",
+    "core": "coordinator.core.bench",
+    "log": "coordinator.log.bench",
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # Commands with options of their own get everything after their name untouched.
+    if argv and argv[0] in FORWARDED:
+        return _forward(FORWARDED[argv[0]], "main", argv[1:])
+    if len(argv) >= 2 and argv[0] == "bench" and argv[1] in BENCHES:
+        return _forward(BENCHES[argv[1]], "main", argv[2:])
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    if args.command == "serve":
+        return _serve(args)
+    if args.command == "describe":
+        return _describe(args)
+    if args.command == "bench":
+        return _forward(BENCHES[args.which], "main", args.rest)
+    return _forward(FORWARDED[args.command], "main", args.rest)
+
+
+def _forward(module: str, function: str, argv: list[str]) -> int:
+    import importlib
+
+    try:
+        target = getattr(importlib.import_module(module), function)
+    except (ImportError, AttributeError):
+        print(f"connect-coordinator: {module} is not available in this build", file=sys.stderr)
+        return 2
+    return int(target(argv) or 0)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import trio
+
+    from coordinator.config import ConfigError, load_config
+    from coordinator.logs import configure_logging
+    from coordinator.server.app import parse_address, run_server
+
+    json_logs = None if args.log_format is None else args.log_format == "json"
+    configure_logging(args.log_level, json_logs)
+    try:
+        config = load_config(args.config, args.set)
+        listen = parse_address(args.listen)
+        admin = parse_address(args.admin_listen)
+        args.data_dir.mkdir(parents=True, exist_ok=True)
+    except (ConfigError, ValueError) as error:
+        print(f"connect-coordinator: {error}", file=sys.stderr)
+        return 2
+    except OSError as error:
+        print(f"connect-coordinator: cannot use --data-dir {args.data_dir}: {error}",
+              file=sys.stderr)
+        return 2
+
+    async def serve_until_signalled() -> None:
+        async with trio.open_nursery() as nursery:
+            handle = await nursery.start(run_server, config, listen, admin, args.data_dir)
+            with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                async for _ in signals:
+                    handle.stop()
+                    break
+
+    try:
+        trio.run(serve_until_signalled)
+    except ConfigError as error:
+        print(f"connect-coordinator: {error}", file=sys.stderr)
+        return 2
+    except OSError as error:
+        print(f"connect-coordinator: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _describe(args: argparse.Namespace) -> int:
+    import trio
+
+    from coordinator.server.app import parse_address
+
+    host, port = parse_address(args.bootstrap)
+    groups = list(args.groups)
+    if not groups:
+        import urllib.request
+
+        admin = args.admin or f"http://{host}:19093"
+        try:
+            with urllib.request.urlopen(f"{admin.rstrip('/')}/groups", timeout=10) as reply:
+                groups = [g["group_id"] for g in json.load(reply)["groups"]]
+        except OSError as error:
+            print(f"connect-coordinator: cannot list groups from {admin}: {error}; "
+                  "name the groups instead", file=sys.stderr)
+            return 2
+    described = trio.run(_describe_groups, host, port, groups)
+    if args.json:
+        print(json.dumps(described, indent=2))
+    else:
+        print(render_table(described))
+    return 0 if all(g["error_code"] == 0 for g in described) else 1
+
+
+async def _describe_groups(host: str, port: int, groups: list[str]) -> list[dict[str, Any]]:
+    from coordinator.client import KafkaClient
+    from protocol.messages import ConnectGroupDescribeRequest
+
+    async with await KafkaClient.connect(host, port) as client:
+        response = await client.request(1003, ConnectGroupDescribeRequest(group_ids=tuple(groups)))
+    return [_group_json(group) for group in response.groups]
+
+
+def _units(value: Any) -> list[str]:
+    return list(value.connectors) + [f"{t.connector}-{t.task}" for t in value.tasks]
+
+
+def _group_json(group: Any) -> dict[str, Any]:
+    return {
+        "group_id": group.group_id, "error_code": group.error_code,
+        "error_message": group.error_message, "state": group.group_state,
+        "group_epoch": group.group_epoch, "assignment_epoch": group.assignment_epoch,
+        "assignor": group.assignor_name, "units": _units(group.connectors_and_tasks),
+        "members": [{
+            "member_id": m.member_id, "instance_id": m.instance_id, "worker_url": m.worker_url,
+            "member_epoch": m.member_epoch, "state": m.member_state,
+            "assigned": _units(m.assigned), "pending_revocation": _units(m.pending_revocation),
+            "target": _units(m.target)} for m in group.members],
+    }
+
+
+def render_table(groups: list[dict[str, Any]]) -> str:
+    lines = []
+    for group in groups:
+        if group["error_code"]:
+            lines.append(f"GROUP {group['group_id']}: {group['error_message']}")
+            continue
+        lines.append(f"GROUP {group['group_id']}  state={group['state']}  "
+                     f"group_epoch={group['group_epoch']}  "
+                     f"assignment_epoch={group['assignment_epoch']}  "
+                     f"assignor={group['assignor']}  units={len(group['units'])}")
+        header = ("MEMBER", "INSTANCE", "EPOCH", "STATE", "ASSIGNED", "PENDING", "TARGET")
+        rows = [header] + [(
+            m["member_id"], m["instance_id"] or "-", str(m["member_epoch"]), m["state"],
+            _short(m["assigned"]), _short(m["pending_revocation"]), _short(m["target"]))
+            for m in group["members"]]
+        widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+        for row in rows:
+            lines.append("  " + "  ".join(cell.ljust(width)
+                                          for cell, width in zip(row, widths, strict=True)))
+        lines.append("")
+    return "\n".join(lines).rstrip()
+
+
+def _short(units: list[str], limit: int = 6) -> str:
+    if not units:
+        return "-"
+    shown = ",".join(units[:limit])
+    return f"{len(units)}:{shown}" + ("..." if len(units) > limit else "")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,241 @@
+"""Start-up load (`read_all`) and the read-only `check` of a data directory.
+
+`read_all` repairs exactly one thing: a partial or CRC-failing batch at the very end of
+the newest segment with nothing valid after it, which is what a crash during an append
+leaves behind (that append was never acknowledged). It truncates it away and says so in
+the result. It also removes temp files left by an interrupted compaction (the segment
+they were meant to replace is still intact). Everything else raises `LogCorruptError`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from coordinator.log.batch import LogEntry
+from coordinator.log.errors import LogCorruptError
+from coordinator.log.files import FileLayer, OsFileLayer
+from coordinator.log.scan import SegmentScan
+from coordinator.log.segments import Segment, list_segments
+
+
+@dataclass(frozen=True)
+class TailTruncation:
+    file: str
+    position: int
+    removed_bytes: int
+    reason: str
+
+    def message(self) -> str:
+        return (
+            f"truncated {self.removed_bytes} bytes at the end of {self.file} from byte "
+            f"{self.position}: {self.reason} (an append interrupted by a crash)"
+        )
+
+
+@dataclass
+class LoadResult:
+    data_dir: Path
+    segments: list[str] = field(default_factory=list)
+    batches: int = 0
+    records: int = 0
+    # The offset the next append gets.
+    next_offset: int = 0
+    # The newest segment, which appends continue; None for an empty directory.
+    active_segment: Segment | None = None
+    active_segment_size: int = 0
+    truncations: list[TailTruncation] = field(default_factory=list)
+    removed_temp_files: list[str] = field(default_factory=list)
+
+    @property
+    def warnings(self) -> list[str]:
+        """What the caller should log at warning level."""
+        return [truncation.message() for truncation in self.truncations] + [
+            f"removed {name}, left behind by an interrupted compaction"
+            for name in self.removed_temp_files
+        ]
+
+
+class LogLoad:
+    """Iterate once for every record in offset order; then `result` tells what happened."""
+
+    def __init__(self, data_dir: Path, file_layer: FileLayer) -> None:
+        self._data_dir = data_dir
+        self._file_layer = file_layer
+        self._result: LoadResult | None = None
+        self._started = False
+
+    @property
+    def result(self) -> LoadResult:
+        if self._result is None:
+            raise RuntimeError("the load result is known only after iterating to the end")
+        return self._result
+
+    def __iter__(self) -> Iterator[LogEntry]:
+        if self._started:
+            raise RuntimeError("a LogLoad can be iterated only once")
+        self._started = True
+        return self._load()
+
+    def _load(self) -> Iterator[LogEntry]:
+        layer = self._file_layer
+        result = LoadResult(self._data_dir)
+        listing = list_segments(layer, self._data_dir)
+        listing.require_well_formed()
+        if listing.temp_files:
+            for path in listing.temp_files:
+                layer.remove(path)
+                result.removed_temp_files.append(str(path))
+            layer.fsync_directory(self._data_dir)
+
+        segments = listing.segments
+        previous_offset = -1
+        for index, segment in enumerate(segments):
+            newest = index == len(segments) - 1
+            scan = SegmentScan(
+                layer.read(segment.path),
+                segment,
+                previous_offset=previous_offset,
+                next_segment_base=None if newest else segments[index + 1].base_offset,
+                consecutive=newest,
+            )
+            for header in scan.headers():
+                yield from scan.decode(header)
+            if scan.frame_problem is not None:
+                if not newest:
+                    raise scan.problem_error(" (in a segment that is not the newest)")
+                following = scan.find_valid_batch_after_problem()
+                if following is not None:
+                    raise scan.problem_error(
+                        f" (followed by a valid batch at byte {following.position}, "
+                        f"offset {following.base_offset})"
+                    )
+                result.truncations.append(self._truncate_tail(scan))
+            result.segments.append(segment.name)
+            result.batches += scan.batch_count
+            result.records += scan.record_count
+            previous_offset = scan.last_offset
+            if newest:
+                result.active_segment = segment
+                result.active_segment_size = scan.valid_end
+                # An empty newest segment (just rolled) still fixes the next offset.
+                result.next_offset = max(scan.last_offset + 1, segment.base_offset)
+        self._result = result
+
+    def _truncate_tail(self, scan: SegmentScan) -> TailTruncation:
+        assert scan.frame_problem is not None
+        file = self._file_layer.open(scan.segment.path)
+        try:
+            file.truncate(scan.valid_end)
+            file.fsync()
+        finally:
+            file.close()
+        return TailTruncation(
+            file=str(scan.segment.path),
+            position=scan.valid_end,
+            removed_bytes=len(scan.data) - scan.valid_end,
+            reason=scan.frame_problem.reason,
+        )
+
+
+def read_all(data_dir: Path | str, file_layer: FileLayer | None = None) -> LogLoad:
+    """Every record of the log in offset order: `for offset, key, value, ts in read_all(d)`."""
+    return LogLoad(Path(data_dir), file_layer if file_layer is not None else OsFileLayer())
+
+
+@dataclass(frozen=True)
+class Damage:
+    file: str
+    position: int | None
+    reason: str
+    # A torn tail of the newest segment: start-up would truncate it with a warning.
+    repairable: bool
+
+    def message(self) -> str:
+        where = f" at byte {self.position}" if self.position is not None else ""
+        verdict = "repairable at start-up" if self.repairable else "NOT repairable"
+        return f"{self.file}{where}: {self.reason} [{verdict}]"
+
+
+@dataclass
+class CheckReport:
+    data_dir: Path
+    segments: int = 0
+    batches: int = 0
+    records: int = 0
+    damage: list[Damage] = field(default_factory=list)
+    temp_files: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.damage
+
+    @property
+    def start_up_would_succeed(self) -> bool:
+        return all(damage.repairable for damage in self.damage)
+
+    def lines(self) -> list[str]:
+        summary = (
+            f"{self.data_dir}: {self.segments} segments, {self.batches} batches, "
+            f"{self.records} records"
+        )
+        return (
+            [summary]
+            + [damage.message() for damage in self.damage]
+            + [f"{name}: temp file of an interrupted compaction" for name in self.temp_files]
+            + ["OK" if self.ok else f"{len(self.damage)} problem(s) found"]
+        )
+
+
+def check(data_dir: Path | str, file_layer: FileLayer | None = None) -> CheckReport:
+    """Find every kind of damage `read_all` would repair or refuse; change nothing."""
+    layer = file_layer if file_layer is not None else OsFileLayer()
+    report = CheckReport(Path(data_dir))
+    listing = list_segments(layer, report.data_dir)
+    report.temp_files = [str(path) for path in listing.temp_files]
+    for path in listing.misnamed:
+        report.damage.append(
+            Damage(str(path), None, "not a segment file name (20 digits + .log)", False)
+        )
+    segments = listing.segments
+    previous_offset = -1
+    for index, segment in enumerate(segments):
+        newest = index == len(segments) - 1
+        scan = SegmentScan(
+            layer.read(segment.path),
+            segment,
+            previous_offset=previous_offset,
+            next_segment_base=None if newest else segments[index + 1].base_offset,
+            consecutive=newest,
+        )
+        report.segments += 1
+        try:
+            for header in scan.headers():
+                scan.decode(header)
+        except LogCorruptError as error:
+            report.damage.append(Damage(error.file, error.position, _reason(error), False))
+        else:
+            problem = scan.frame_problem
+            if problem is not None:
+                following = scan.find_valid_batch_after_problem() if newest else None
+                reason = problem.reason
+                if not newest:
+                    reason += " (in a segment that is not the newest)"
+                elif following is not None:
+                    reason += f" (followed by a valid batch at byte {following.position})"
+                repairable = newest and following is None
+                report.damage.append(
+                    Damage(str(segment.path), problem.position, reason, repairable)
+                )
+        report.batches += scan.batch_count
+        report.records += scan.record_count
+        # Keep checking later segments from the highest offset seen so far.
+        previous_offset = max(previous_offset, scan.last_offset)
+    return report
+
+
+def _reason(error: LogCorruptError) -> str:
+    message = str(error)
+    prefix = f"{error.file} at byte {error.position}: "
+    return message[len(prefix) :] if message.startswith(prefix) else message

@@ -1,0 +1,761 @@
+"""``connect-coordinator report``: a capacity report from recorded metrics and a snapshot.
+
+Spark reads the samples and does every per-sample step (counter deltas with resets,
+time bins, bucket sums, snapshot joins); the driver gets small tables back, computes
+quantiles and the capacity projection (``figures``) and writes HTML, PNG, CSV and JSON
+(``render``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+from coordinator.report.figures import (
+    CPU_MODEL,
+    LATENCY_MODEL,
+    CapacityProjection,
+    Figure,
+    histogram_quantile,
+    parse_le,
+    present,
+    project_capacity,
+    spread,
+)
+from coordinator.report.render import (
+    Chart,
+    Report,
+    Table,
+    line_chart,
+    missing_chart,
+    tasks_per_worker_chart,
+    write_csv,
+    write_figures_json,
+    write_html,
+)
+
+PREFIX = "connect_coordinator_"
+REQUESTS = PREFIX + "requests_total"
+REQUEST_BUCKETS = PREFIX + "request_duration_seconds_bucket"
+REBALANCES = PREFIX + "rebalances_total"
+TIME_TO_STABLE_BUCKETS = PREFIX + "time_to_stable_seconds_bucket"
+GROUPS = PREFIX + "groups"
+MEMBERS = PREFIX + "members"
+UNASSIGNED = PREFIX + "unassigned_units"
+LOG_BYTES = PREFIX + "log_bytes"
+RECORDS_WRITTEN = PREFIX + "records_written_total"
+CPU = "process_cpu_seconds_total"
+RESIDENT_MEMORY = "process_resident_memory_bytes"
+GROUP_EPOCH = PREFIX + "group_epoch"
+GROUP_MEMBERS = PREFIX + "group_members"
+GROUP_UNITS = PREFIX + "group_units"
+GROUP_UNASSIGNED = PREFIX + "group_unassigned_units"
+HEARTBEAT_API = "ConnectGroupHeartbeat"
+# Error label values that mean success (ErrorCode.NONE, or a bare 0 from other exporters).
+SUCCESS_ERRORS = {"NONE", "0", ""}
+
+# Metrics whose per-sample increase matters; group_epoch only ever grows within a group's
+# life, so its "resets" (group deleted and re-created) are handled like a counter's.
+COUNTERS = {REQUESTS, REQUEST_BUCKETS, REBALANCES, TIME_TO_STABLE_BUCKETS, RECORDS_WRITTEN,
+            CPU, GROUP_EPOCH}
+GAUGES = {GROUPS, MEMBERS, UNASSIGNED, LOG_BYTES, RESIDENT_MEMORY, GROUP_MEMBERS,
+          GROUP_UNITS, GROUP_UNASSIGNED}
+CHART_BINS = 120
+T = TypeVar("T")
+
+
+@dataclass
+class Options:
+    metrics: Path
+    snapshot: Path | None
+    out: Path
+    master: str = "local[*]"
+    cpu_limit: float = 0.8
+    p99_limit_ms: float = 5.0
+
+
+class Progress:
+    """Numbered step lines on stderr with their durations, while Spark's own bar runs."""
+
+    def __init__(self, steps: int, stream: Any = None) -> None:
+        self.steps = steps
+        self.done = 0
+        self.stream = stream if stream is not None else sys.stderr
+        self.started = time.monotonic()
+
+    @contextmanager
+    def step(self, text: str) -> Iterator[None]:
+        self.done += 1
+        print(f"[report {self.done}/{self.steps}] {text} ...", file=self.stream, flush=True)
+        began = time.monotonic()
+        yield
+        print(
+            f"[report {self.done}/{self.steps}] {text}: done in {time.monotonic() - began:.1f}s",
+            file=self.stream,
+            flush=True,
+        )
+
+    def run(self, text: str, action: Callable[[], T]) -> T:
+        with self.step(text):
+            return action()
+
+
+@dataclass
+class Measured:
+    """What the Spark steps hand to the driver-side math (all small)."""
+
+    window: tuple[float, float] | None = None
+    scrapes: int = 0
+    metric_names: set[str] = field(default_factory=set)
+    request_rates: list[dict[str, Any]] = field(default_factory=list)
+    request_buckets: list[dict[str, Any]] = field(default_factory=list)
+    rebalances: list[dict[str, Any]] = field(default_factory=list)
+    stable_buckets: list[dict[str, Any]] = field(default_factory=list)
+    increases: dict[str, float] = field(default_factory=dict)
+    gauges: dict[str, dict[str, Any]] = field(default_factory=dict)
+    gauge_totals: dict[str, dict[str, Any]] = field(default_factory=dict)
+    group_gauges: list[dict[str, Any]] = field(default_factory=list)
+    group_epochs: list[dict[str, Any]] = field(default_factory=list)
+    rate_over_time: list[dict[str, Any]] = field(default_factory=list)
+    buckets_over_time: list[dict[str, Any]] = field(default_factory=list)
+    gauges_over_time: list[dict[str, Any]] = field(default_factory=list)
+    groups: list[dict[str, Any]] = field(default_factory=list)
+    workers: list[dict[str, Any]] = field(default_factory=list)
+    coordinator: dict[str, Any] | None = None
+
+    @property
+    def window_seconds(self) -> float:
+        return self.window[1] - self.window[0] if self.window else 0.0
+
+
+def parse_args(argv: Sequence[str] | None) -> Options:
+    parser = argparse.ArgumentParser(
+        prog="connect-coordinator report",
+        description=(
+            "Build a capacity report (index.html, PNG charts, one CSV per table, "
+            "figures.json) from metrics recorded by `connect-coordinator metrics record` "
+            "and a group snapshot."
+        ),
+    )
+    parser.add_argument("--metrics", required=True, type=Path, metavar="DIR",
+                        help="directory of Parquet files (timestamp, metric, labels, value)")
+    parser.add_argument("--snapshot", type=Path, metavar="FILE",
+                        help="group snapshot, .parquet or .jsonl (one row per group, member "
+                             "and unit); without it the snapshot figures are missing")
+    parser.add_argument("--out", required=True, type=Path, metavar="DIR",
+                        help="output directory (created if needed)")
+    parser.add_argument("--master", default="local[*]",
+                        help="Spark master URL (default: %(default)s)")
+    parser.add_argument("--cpu-limit", type=float, default=0.8, metavar="FRACTION",
+                        help="CPU budget in cores, e.g. 0.8 = 80%% of one core "
+                             "(default: %(default)s)")
+    parser.add_argument("--p99-limit-ms", type=float, default=5.0, metavar="MS",
+                        help="p99 heartbeat latency budget in ms (default: %(default)s)")
+    args = parser.parse_args(argv)
+    if args.cpu_limit <= 0 or args.p99_limit_ms <= 0:
+        parser.error("--cpu-limit and --p99-limit-ms must be positive")
+    return Options(args.metrics, args.snapshot, args.out, args.master, args.cpu_limit,
+                   args.p99_limit_ms)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point; returns the exit status (0 ok, 2 unusable input)."""
+    options = parse_args(argv)
+    try:
+        from pyspark.sql import SparkSession
+    except ImportError:
+        print("connect-coordinator report: error: pyspark is not installed "
+              "(pip install pyspark pyarrow matplotlib)", file=sys.stderr)
+        return 2
+    from coordinator.report.aggregate import InputError
+
+    # Reuse a running session (tests share one); otherwise start our own and stop it after.
+    spark = SparkSession.getActiveSession()
+    owned = spark is None
+    if spark is None:
+        print(f"[report] starting Spark ({options.master})", file=sys.stderr, flush=True)
+        spark = (
+            SparkSession.builder.master(options.master)
+            .appName("connect-coordinator-report")
+            .config("spark.ui.showConsoleProgress", "true")
+            .config("spark.sql.shuffle.partitions", "8")
+            .config("spark.sql.session.timeZone", "UTC")
+            .getOrCreate()
+        )
+        spark.sparkContext.setLogLevel("WARN")
+    try:
+        run_report(spark, options)
+    except InputError as error:
+        print(f"connect-coordinator report: error: {error}", file=sys.stderr)
+        return 2
+    finally:
+        if owned:
+            spark.stop()
+    print(f"[report] written to {options.out / 'index.html'}", file=sys.stderr)
+    return 0
+
+
+# ---------------------------------------------------------------------------------------
+# Spark steps
+
+
+def _rows(frame: Any) -> list[dict[str, Any]]:
+    return [row.asDict() for row in frame.collect()]
+
+
+def measure(spark: Any, options: Options, progress: Progress) -> Measured:
+    from pyspark.sql import functions as F
+
+    from coordinator.report import aggregate as agg
+
+    measured = Measured()
+    samples = progress.run("reading metrics", lambda: agg.load_metrics(spark, options.metrics))
+    samples = samples.cache()
+    with progress.step("scanning the time range"):
+        recording = agg.recording_extent(samples)
+    if recording is None:
+        raise agg.InputError(f"no samples in {options.metrics}")
+    measured.window = (recording.start, recording.end)
+    measured.scrapes = recording.scrapes
+    measured.metric_names = set(recording.metrics)
+    start = recording.start
+    span = measured.window_seconds
+    # Bins no narrower than the mean scrape interval, so most bins hold a sample.
+    mean_interval = span / (recording.scrapes - 1) if recording.scrapes > 1 else 1.0
+    bin_seconds = max(span / CHART_BINS, mean_interval, 1.0)
+
+    counters = agg.counter_deltas(samples.where(F.col("metric").isin(*COUNTERS)), start).cache()
+    gauges = samples.where(F.col("metric").isin(*GAUGES)).cache()
+
+    with progress.step("counter increases (rates, rebalances, CPU, histograms)"):
+        # One pass for every counter; the few resulting rows are sorted out on the driver.
+        increases = _rows(agg.counter_increase(counters, "api", "error", "trigger", "group",
+                                               "le"))
+        split_increases(measured, increases)
+    with progress.step("gauges"):
+        for row in _rows(agg.gauge_summary(
+                gauges.where(~F.col("metric").isin(GROUPS, MEMBERS, UNASSIGNED)), "group")):
+            if row["group"] is None:
+                measured.gauges[row["metric"]] = row
+            else:
+                measured.group_gauges.append(row)
+        for row in _rows(agg.total_gauge_mean(
+                gauges.where(F.col("metric").isin(GROUPS, MEMBERS, UNASSIGNED)))):
+            measured.gauge_totals[row["metric"]] = row
+    with progress.step("time series for the charts"):
+        measured.rate_over_time = _rows(agg.binned_rates(
+            counters.where(F.col("metric") == REQUESTS), start, bin_seconds, "api"
+        ))
+        measured.buckets_over_time = _rows(agg.bucket_increase(
+            counters.where(F.col("metric") == REQUEST_BUCKETS), "api",
+            window_start=start, bin_seconds=bin_seconds,
+        ))
+        measured.gauges_over_time = _rows(agg.gauge_over_time(
+            gauges.where(F.col("metric").isin(GROUPS, MEMBERS)), start, bin_seconds
+        ))
+    if options.snapshot is not None:
+        with progress.step("snapshot: groups, workers, tasks"):
+            snapshot = agg.load_snapshot(spark, options.snapshot).cache()
+            measured.groups = _rows(agg.group_stats(snapshot).orderBy("group_id"))
+            measured.workers = _rows(
+                agg.worker_tasks(snapshot).orderBy("group_id", "member_id")
+            )
+            snapshot.unpersist()
+        measured.coordinator = coordinator_totals(measured.groups, measured.workers)
+    else:
+        progress.run("snapshot: none given", lambda: None)
+    for frame in (samples, counters, gauges):
+        frame.unpersist()
+    return measured
+
+
+def split_increases(measured: Measured, rows: list[dict[str, Any]]) -> None:
+    """Sort the per-series counter increases into the figures that use them."""
+    span = measured.window_seconds
+    requests: dict[tuple[Any, Any], float] = defaultdict(float)
+    rebalances: dict[Any, float] = defaultdict(float)
+    epochs: dict[Any, float] = defaultdict(float)
+    for row in rows:
+        metric, increase = row["metric"], row["increase"] or 0.0
+        if metric == REQUESTS:
+            requests[(row["api"], row["error"])] += increase
+        elif metric == REBALANCES:
+            rebalances[row["trigger"]] += increase
+        elif metric == GROUP_EPOCH:
+            epochs[row["group"]] += increase
+        elif metric == REQUEST_BUCKETS:
+            measured.request_buckets.append(row)
+        elif metric == TIME_TO_STABLE_BUCKETS:
+            measured.stable_buckets.append(row)
+        else:
+            measured.increases[metric] = measured.increases.get(metric, 0.0) + increase
+    if span > 0:
+        measured.request_rates = [
+            {"api": api, "error": error, "increase": value, "per_second": value / span}
+            for (api, error), value in requests.items()
+        ]
+        measured.rebalances = [
+            {"trigger": trigger, "increase": value, "per_second": value / span}
+            for trigger, value in rebalances.items()
+        ]
+    measured.group_epochs = [{"group": group, "increase": value}
+                             for group, value in epochs.items()]
+
+
+def coordinator_totals(groups: list[dict[str, Any]],
+                       workers: list[dict[str, Any]]) -> dict[str, Any]:
+    """Snapshot figures over all groups; tasks per worker pools every group's workers."""
+    tasks = spread([float(row["tasks"]) for row in workers])
+    return {
+        "groups": len(groups),
+        "workers": len(workers),
+        "connectors": sum(row["connectors"] or 0 for row in groups),
+        "tasks": sum(row["tasks"] or 0 for row in groups),
+        "unassigned_units": sum(row["unassigned_units"] or 0 for row in groups),
+        "tasks_per_worker_min": tasks.minimum,
+        "tasks_per_worker_median": tasks.median,
+        "tasks_per_worker_max": tasks.maximum,
+        "tasks_per_worker_imbalance": tasks.imbalance,
+    }
+
+
+# ---------------------------------------------------------------------------------------
+# Driver-side figures
+
+
+def _buckets_by(rows: list[dict[str, Any]], *keys: str) -> dict[tuple[Any, ...], list[
+        tuple[float, float]]]:
+    """Group bucket increases into cumulative-histogram lists keyed by ``keys``."""
+    grouped: dict[tuple[Any, ...], dict[float, float]] = defaultdict(lambda: defaultdict(float))
+    for row in rows:
+        try:
+            upper = parse_le(row["le"])
+        except (TypeError, ValueError):
+            continue
+        grouped[tuple(row.get(key) for key in keys)][upper] += row["increase"] or 0.0
+    return {key: sorted(buckets.items()) for key, buckets in grouped.items()}
+
+
+def _merge_buckets(histograms: list[list[tuple[float, float]]]) -> list[tuple[float, float]]:
+    merged: dict[float, float] = defaultdict(float)
+    for histogram in histograms:
+        for upper, count in histogram:
+            merged[upper] += count
+    return sorted(merged.items())
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1000.0
+
+
+def _missing(metric: str) -> str:
+    return f"metric {metric} not in the recording"
+
+
+class FigureBuilder:
+    """Turns a Measured into the report's tables, charts and summary."""
+
+    def __init__(self, measured: Measured, options: Options) -> None:
+        self.m = measured
+        self.options = options
+        self.summary: list[Figure] = []
+        self.tables: list[Table] = []
+        self.projection: CapacityProjection | None = None
+
+    def has(self, metric: str) -> bool:
+        return metric in self.m.metric_names
+
+    def reason(self, metric: str) -> str:
+        if not self.has(metric):
+            return _missing(metric)
+        if self.m.window_seconds <= 0:
+            return "the recording holds a single scrape: no rates"
+        return "not enough data"
+
+    def add(self, figure: Figure) -> Figure:
+        self.summary.append(figure)
+        return figure
+
+    # --- sections -------------------------------------------------------------------
+
+    def window(self) -> None:
+        if self.m.window is None:
+            return
+        start, end = self.m.window
+        self.add(present("recording start (unix s)", start, "s"))
+        self.add(present("recording end (unix s)", end, "s"))
+        self.add(present("recording length", self.m.window_seconds, "s"))
+
+    def snapshot(self) -> None:
+        coordinator = self.m.coordinator or {}
+        reason = "no snapshot given" if self.options.snapshot is None else "snapshot is empty"
+        for name, key, unit in (
+            ("groups (snapshot)", "groups", "groups"),
+            ("workers", "workers", "workers"),
+            ("connectors", "connectors", "connectors"),
+            ("tasks", "tasks", "tasks"),
+            ("tasks per worker: min", "tasks_per_worker_min", "tasks"),
+            ("tasks per worker: median", "tasks_per_worker_median", "tasks"),
+            ("tasks per worker: max", "tasks_per_worker_max", "tasks"),
+            ("tasks per worker: imbalance (max/mean)", "tasks_per_worker_imbalance", "ratio"),
+            ("unassigned units (snapshot)", "unassigned_units", "units"),
+        ):
+            self.add(present(name, coordinator.get(key), unit, missing_reason=reason))
+
+    def requests(self) -> tuple[float | None, float | None]:
+        """Adds request figures; returns (heartbeats per second, heartbeat p99 in ms)."""
+        rates = self.m.request_rates
+        reason = self.reason(REQUESTS)
+        total = sum(row["per_second"] for row in rates) if rates else None
+        heartbeats = (
+            sum(row["per_second"] for row in rates if row["api"] == HEARTBEAT_API)
+            if rates
+            else None
+        )
+        errors = (
+            sum(row["per_second"] for row in rates if (row["error"] or "") not in SUCCESS_ERRORS)
+            if rates
+            else None
+        )
+        self.add(present("requests per second", total, "1/s", missing_reason=reason))
+        self.add(present("heartbeats per second", heartbeats, "1/s", missing_reason=reason))
+        self.add(present("error responses per second", errors, "1/s", missing_reason=reason))
+
+        histograms = _buckets_by(self.m.request_buckets, "api")
+        per_api: dict[str, dict[str, Any]] = defaultdict(
+            lambda: {"requests_per_second": 0.0, "errors_per_second": 0.0}
+        )
+        for row in rates:
+            entry = per_api[row["api"] or ""]
+            entry["requests_per_second"] += row["per_second"]
+            if (row["error"] or "") not in SUCCESS_ERRORS:
+                entry["errors_per_second"] += row["per_second"]
+        for (api,), buckets in histograms.items():
+            entry = per_api[api or ""]
+            entry["observations"] = buckets[-1][1] if buckets else 0.0
+            entry["p50_ms"] = _ms(histogram_quantile(0.50, buckets))
+            entry["p99_ms"] = _ms(histogram_quantile(0.99, buckets))
+        self.tables.append(Table(
+            "requests_by_api",
+            "Requests and latency per API",
+            ["api", "requests_per_second", "errors_per_second", "observations", "p50_ms",
+             "p99_ms"],
+            [{"api": api, **values} for api, values in sorted(per_api.items())],
+            note="Rates from requests_total increases over the recording; latency "
+                 "quantiles from request_duration_seconds bucket increases.",
+        ))
+        latency_reason = self.reason(REQUEST_BUCKETS)
+        heartbeat = histograms.get((HEARTBEAT_API,), [])
+        all_apis = _merge_buckets(list(histograms.values())) if histograms else []
+        heartbeat_p99 = _ms(histogram_quantile(0.99, heartbeat)) if heartbeat else None
+        for name, buckets, quantile in (
+            ("heartbeat latency p50", heartbeat, 0.50),
+            ("heartbeat latency p99", heartbeat, 0.99),
+            ("request latency p99 (all APIs)", all_apis, 0.99),
+        ):
+            value = _ms(histogram_quantile(quantile, buckets)) if buckets else None
+            self.add(present(name, value, "ms", missing_reason=latency_reason))
+        return heartbeats, heartbeat_p99
+
+    def rebalances(self) -> None:
+        rows = self.m.rebalances
+        hours = self.m.window_seconds / 3600
+        per_hour = sum(row["increase"] for row in rows) / hours if rows and hours > 0 else None
+        self.add(present("rebalances per hour", per_hour, "1/h",
+                         missing_reason=self.reason(REBALANCES)))
+        self.tables.append(Table(
+            "rebalances_by_trigger",
+            "Rebalances per trigger",
+            ["trigger", "rebalances", "per_hour"],
+            [
+                {"trigger": row["trigger"], "rebalances": row["increase"],
+                 "per_hour": row["increase"] / hours if hours > 0 else None}
+                for row in sorted(rows, key=lambda row: str(row["trigger"]))
+            ],
+        ))
+        histogram = _merge_buckets(list(_buckets_by(self.m.stable_buckets).values()))
+        rows_out = []
+        for quantile in (0.5, 0.9, 0.99):
+            value = histogram_quantile(quantile, histogram) if histogram else None
+            label = f"time to stable p{quantile * 100:g}"
+            self.add(present(label, value, "s",
+                             missing_reason=self.reason(TIME_TO_STABLE_BUCKETS)))
+            rows_out.append({"quantile": quantile, "seconds": value})
+        self.tables.append(Table(
+            "time_to_stable", "Time for a group to converge (from time_to_stable_seconds)",
+            ["quantile", "seconds"], rows_out,
+        ))
+
+    def gauges(self) -> tuple[float | None, float | None]:
+        """Adds gauge figures; returns (mean members, mean groups)."""
+        totals = self.m.gauge_totals
+        members = totals.get(MEMBERS, {}).get("mean")
+        groups = totals.get(GROUPS, {}).get("mean")
+        self.add(present("members (mean over recording)", members, "members",
+                         missing_reason=self.reason(MEMBERS)))
+        self.add(present("groups (mean over recording)", groups, "groups",
+                         missing_reason=self.reason(GROUPS)))
+        self.add(present("unassigned units (last scrape)", totals.get(UNASSIGNED, {}).get("last"),
+                         "units", missing_reason=self.reason(UNASSIGNED)))
+        log = self.m.gauges.get(LOG_BYTES, {})
+        self.add(present("log size (last scrape)", log.get("last"), "bytes",
+                         missing_reason=self.reason(LOG_BYTES)))
+        self.add(present("log growth per hour", log.get("slope_per_hour"), "bytes/h",
+                         missing_reason=self.reason(LOG_BYTES),
+                         note="least-squares slope of log_bytes over the recording"))
+        memory = self.m.gauges.get(RESIDENT_MEMORY, {})
+        self.add(present("resident memory (max)", memory.get("max"), "bytes",
+                         missing_reason=self.reason(RESIDENT_MEMORY)))
+        span = self.m.window_seconds
+        written = self.m.increases.get(RECORDS_WRITTEN)
+        self.add(present("records written per second",
+                         written / span if written is not None and span > 0 else None, "1/s",
+                         missing_reason=self.reason(RECORDS_WRITTEN)))
+        return members, groups
+
+    def cpu(self, heartbeats_per_second: float | None) -> float | None:
+        """Adds CPU figures; returns the mean CPU use in cores."""
+        span = self.m.window_seconds
+        cpu_seconds = self.m.increases.get(CPU)
+        cores = cpu_seconds / span if cpu_seconds is not None and span > 0 else None
+        self.add(present("CPU used (mean)", cores, "cores", missing_reason=self.reason(CPU)))
+        per_thousand = None
+        if cores is not None and heartbeats_per_second:
+            per_thousand = cores / heartbeats_per_second * 1000
+        reason = self.reason(CPU) if cores is None else "no heartbeats recorded"
+        self.add(present("CPU seconds per 1,000 heartbeats", per_thousand, "s",
+                         missing_reason=reason))
+        return cores
+
+    def capacity(self, *, members: float | None, groups: float | None, cores: float | None,
+                 heartbeats: float | None, p99_ms: float | None) -> None:
+        coordinator = self.m.coordinator or {}
+        if members is None and coordinator.get("workers") is not None:
+            members = float(coordinator["workers"])
+        if groups is None and coordinator.get("groups") is not None:
+            groups = float(coordinator["groups"])
+        average_size = members / groups if members and groups else None
+        projection = project_capacity(
+            members_now=members,
+            cpu_cores_now=cores,
+            heartbeats_per_second=heartbeats,
+            p99_now_ms=p99_ms,
+            average_group_size=average_size,
+            cpu_limit_cores=self.options.cpu_limit,
+            p99_limit_ms=self.options.p99_limit_ms,
+        )
+        self.projection = projection
+        reason = "; ".join(projection.notes) or "not enough data"
+        self.add(present("capacity: max members", projection.max_members, "members",
+                         missing_reason=reason, note=f"limited by {projection.limited_by}"))
+        self.add(present("capacity: additional workers", projection.additional_workers,
+                         "workers", missing_reason=reason))
+        self.add(present("capacity: additional groups of average size",
+                         projection.additional_groups, "groups", missing_reason=reason))
+        rows = [
+            {"quantity": key, "value": value}
+            for key, value in projection.as_dict().items()
+            if key not in ("models", "notes")
+        ]
+        rows += [{"quantity": "note", "value": note} for note in projection.notes]
+        self.tables.append(Table("capacity", "Capacity projection", ["quantity", "value"], rows,
+                                 note=" ".join(projection.models)))
+
+    def groups(self) -> Table:
+        hours = self.m.window_seconds / 3600
+        by_group: dict[str, dict[str, Any]] = {}
+        for row in self.m.groups:
+            by_group[row["group_id"]] = dict(row)
+        gauge_columns = {
+            GROUP_MEMBERS: ("members_mean", "mean"),
+            GROUP_UNITS: ("units_last", "last"),
+            GROUP_UNASSIGNED: ("unassigned_max", "max"),
+        }
+        for row in self.m.group_gauges:
+            if row["metric"] not in gauge_columns:
+                continue
+            entry = by_group.setdefault(row["group"], {"group_id": row["group"]})
+            column, statistic = gauge_columns[row["metric"]]
+            entry[column] = row[statistic]
+            if row["metric"] == GROUP_UNASSIGNED:
+                entry["unassigned_time_fraction"] = row["fraction_positive"]
+        for row in self.m.group_epochs:
+            entry = by_group.setdefault(row["group"], {"group_id": row["group"]})
+            entry["epoch_bumps_per_hour"] = row["increase"] / hours if hours > 0 else None
+        columns = [
+            "group_id", "group_state", "group_epoch", "assignment_epoch", "workers",
+            "connectors", "tasks", "tasks_per_worker_min", "tasks_per_worker_median",
+            "tasks_per_worker_max", "tasks_per_worker_imbalance", "unassigned_units",
+            "members_mean", "units_last", "unassigned_max", "unassigned_time_fraction",
+            "epoch_bumps_per_hour",
+        ]
+        table = Table(
+            "groups", "Groups", columns, [by_group[key] for key in sorted(by_group)],
+            note="Snapshot columns (state ... unassigned_units) come from --snapshot; "
+                 "members_mean ... epoch_bumps_per_hour from the per-group gauges, which "
+                 "the coordinator exports for at most metrics.per_group.max groups.",
+        )
+        self.tables.append(table)
+        return table
+
+
+def _series_rows(rows: list[dict[str, Any]], key: str, value: str) -> dict[str, list[
+        tuple[float, float]]]:
+    series: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for row in rows:
+        if row[value] is not None:
+            series[str(row[key])].append((row["bin_start"], row[value]))
+    return series
+
+
+def build_charts(measured: Measured, out: Path) -> tuple[list[Chart], list[Table]]:
+    """The four PNG charts and the CSV tables behind them."""
+    charts: list[Chart] = []
+    tables: list[Table] = []
+    start = measured.window[0] if measured.window else 0.0
+
+    def chart(file: str, title: str, draw: Callable[[Path], None] | None, reason: str) -> None:
+        path = out / file
+        if draw is None:
+            missing_chart(path, title, reason)
+            charts.append(Chart(file, title, reason))
+        else:
+            draw(path)
+            charts.append(Chart(file, title))
+
+    rates = measured.rate_over_time
+    rate_series = _series_rows(rates, "api", "per_second")
+    tables.append(Table("request_rate_over_time", "Request rate over time",
+                        ["bin_start", "api", "per_second"],
+                        sorted(rates, key=lambda row: (row["bin_start"], str(row["api"])))))
+    chart("request_rate.png", "Requests per second by API",
+          (lambda path: line_chart(path, "Requests per second by API", rate_series,
+                                   window_start=start, y_label="requests / s"))
+          if rate_series else None, _missing(REQUESTS))
+
+    latency_rows = []
+    for (bin_start, api), buckets in sorted(
+            _buckets_by(measured.buckets_over_time, "bin_start", "api").items(),
+            key=lambda item: (item[0][0], str(item[0][1]))):
+        latency_rows.append({
+            "bin_start": bin_start, "api": api,
+            "p50_ms": _ms(histogram_quantile(0.5, buckets)),
+            "p99_ms": _ms(histogram_quantile(0.99, buckets)),
+        })
+    tables.append(Table("latency_over_time", "Request latency percentiles over time",
+                        ["bin_start", "api", "p50_ms", "p99_ms"], latency_rows))
+    latency_series: dict[str, list[tuple[float, float]]] = {}
+    for quantile in ("p50_ms", "p99_ms"):
+        for name, points in _series_rows(latency_rows, "api", quantile).items():
+            latency_series[f"{name} {quantile[:-3]}"] = points
+    chart("latency.png", "Request latency p50 / p99 by API",
+          (lambda path: line_chart(path, "Request latency p50 / p99 by API", latency_series,
+                                   window_start=start, y_label="ms"))
+          if latency_series else None, _missing(REQUEST_BUCKETS))
+
+    gauge_rows = measured.gauges_over_time
+    names = {MEMBERS: "members", GROUPS: "groups"}
+    gauge_series = {
+        names.get(metric, metric): points
+        for metric, points in _series_rows(gauge_rows, "metric", "value").items()
+    }
+    tables.append(Table("members_groups_over_time", "Members and groups over time",
+                        ["bin_start", "metric", "value"],
+                        sorted(gauge_rows, key=lambda row: (row["bin_start"], row["metric"]))))
+    chart("members_groups.png", "Members and groups",
+          (lambda path: line_chart(path, "Members and groups", gauge_series,
+                                   window_start=start, y_label="count"))
+          if gauge_series else None, f"{_missing(MEMBERS)} / {_missing(GROUPS)}")
+
+    tasks_by_group: dict[str, list[int]] = defaultdict(list)
+    for row in measured.workers:
+        tasks_by_group[row["group_id"]].append(row["tasks"])
+    chart("tasks_per_worker.png", "Tasks per worker per group",
+          (lambda path: tasks_per_worker_chart(path, tasks_by_group)) if tasks_by_group else None,
+          "no snapshot with members given")
+    return charts, tables
+
+
+def run_report(spark: Any, options: Options, stream: Any = None) -> Report:
+    """Measure with Spark, compute the figures, write everything into ``options.out``."""
+    progress = Progress(steps=7, stream=stream)
+    measured = measure(spark, options, progress)
+    with progress.step("figures, charts and files"):
+        options.out.mkdir(parents=True, exist_ok=True)
+        builder = FigureBuilder(measured, options)
+        builder.window()
+        builder.snapshot()
+        heartbeats, heartbeat_p99 = builder.requests()
+        builder.rebalances()
+        members, groups = builder.gauges()
+        cores = builder.cpu(heartbeats)
+        if heartbeat_p99 is None:
+            # No heartbeat histogram: fall back to the p99 over every API.
+            all_apis = _merge_buckets(list(_buckets_by(measured.request_buckets, "api").values()))
+            heartbeat_p99 = _ms(histogram_quantile(0.99, all_apis)) if all_apis else None
+        builder.capacity(members=members, groups=groups, cores=cores, heartbeats=heartbeats,
+                         p99_ms=heartbeat_p99)
+        builder.groups()
+        charts, chart_tables = build_charts(measured, options.out)
+        workers = Table(
+            "workers", "Workers (members) and their tasks",
+            ["group_id", "member_id", "worker_url", "member_state", "member_epoch", "tasks",
+             "connectors"], measured.workers,
+        )
+        details = _group_details(measured.workers)
+        summary = Table(
+            "summary", "Summary",
+            ["figure", "value", "unit", "status", "missing_reason", "note"],
+            [figure.as_row() for figure in builder.summary],
+        )
+        report = Report(
+            title="connect-coordinator capacity report",
+            generated_at=datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC"),
+            inputs={
+                "metrics": str(options.metrics),
+                "snapshot": str(options.snapshot) if options.snapshot else "none",
+                "cpu limit (cores)": options.cpu_limit,
+                "p99 limit (ms)": options.p99_limit_ms,
+            },
+            summary=summary,
+            tables=builder.tables + chart_tables + [workers],
+            charts=charts,
+            models=[CPU_MODEL, LATENCY_MODEL],
+            group_details=details,
+        )
+        for table in [summary, *report.tables]:
+            write_csv(options.out / f"{table.name}.csv", table)
+        projection = builder.projection.as_dict() if builder.projection else None
+        write_figures_json(options.out / "figures.json", report, {"capacity": projection})
+        write_html(options.out / "index.html", report)
+    return report
+
+
+# The page lists members of at most this many groups; workers.csv has them all.
+DETAIL_GROUPS = 50
+
+
+def _group_details(workers: list[dict[str, Any]]) -> list[Table]:
+    by_group: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for row in workers:
+        by_group[row["group_id"]].append(row)
+    tables = []
+    for group in sorted(by_group)[:DETAIL_GROUPS]:
+        tables.append(Table(
+            "workers", f"Group {group}",
+            ["member_id", "worker_url", "member_state", "member_epoch", "tasks", "connectors"],
+            by_group[group],
+        ))
+    return tables
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

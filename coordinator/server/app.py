@@ -1,0 +1,98 @@
+"""Assembles and runs the coordinator: runtime, KRPC listener, admin HTTP, the log."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+
+import structlog
+import trio
+from hypercorn.config import Config as HypercornConfig
+from hypercorn.trio import serve as serve_http
+
+from coordinator.assignors import load_assignors
+from coordinator.config import ServerConfig
+from coordinator.core.coordinator import GroupCoordinator
+from coordinator.server.admin import build_admin_app
+from coordinator.server.kafka import KafkaServer
+from coordinator.server.runtime import Clock, RecordSink, Runtime
+from coordinator.storage import LogReplayer, LogSink, ensure_data_dir
+
+log = structlog.get_logger("connect_coordinator")
+
+
+@dataclass
+class ServerHandle:
+    runtime: Runtime
+    kafka_port: int
+    admin_port: int
+    stop_requested: trio.Event = field(default_factory=trio.Event)
+
+    def stop(self) -> None:
+        self.stop_requested.set()
+
+
+def parse_address(value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"expected HOST:PORT, got {value!r}")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+async def run_server(
+    config: ServerConfig,
+    listen: tuple[str, int],
+    admin_listen: tuple[str, int],
+    data_dir: Path | None = None,
+    *,
+    clock: Clock | None = None,
+    sink: RecordSink | None = None,
+    task_status: trio.TaskStatus[ServerHandle] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve until `ServerHandle.stop()`, then shut down gracefully.
+
+    With a data dir the state lives in the record log there: it is replayed before the
+    server reports ready (KRPC answers COORDINATOR_LOAD_IN_PROGRESS meanwhile).
+    """
+    core = GroupCoordinator(config, load_assignors(config.server_assignors))
+    log_sink: LogSink | None = None
+    loader: LogReplayer | None = None
+    if sink is None and data_dir is not None:
+        ensure_data_dir(data_dir)
+        log_sink = LogSink(None, lambda: runtime.now_ms())
+        loader = LogReplayer(data_dir, config, log_sink)
+        sink = log_sink
+    runtime = Runtime(core, config, sink, clock, loader=loader)
+    if log_sink is not None:
+        log_sink.on_failure = runtime.roll_back_writes
+    kafka = KafkaServer(runtime, config.max_frame_bytes)
+    admin_stopped = trio.Event()
+    http_config = HypercornConfig()
+    http_config.bind = [f"{admin_listen[0]}:{admin_listen[1]}"]
+    http_config.accesslog = None
+    http_config.errorlog = logging.getLogger("hypercorn.error")
+    http_config.graceful_timeout = config.shutdown_timeout_ms / 1000
+    async with trio.open_nursery() as nursery:
+        if log_sink is not None:
+            await nursery.start(log_sink.run)
+        await nursery.start(runtime.run)
+        kafka_port = await nursery.start(kafka.serve, listen[0], listen[1])
+        binds = await nursery.start(partial(serve_http, build_admin_app(runtime), http_config,
+                                            shutdown_trigger=admin_stopped.wait))
+        admin_port = int(binds[0].rsplit(":", 1)[1])
+        handle = ServerHandle(runtime, kafka_port, admin_port)
+        await runtime.wait_ready()
+        log.info("ready", listen=f"{listen[0]}:{kafka_port}",
+                 admin=f"http://{admin_listen[0]}:{admin_port}",
+                 data_dir=str(data_dir) if data_dir else None,
+                 groups=len(core.group_ids()), members=core.member_count())
+        task_status.started(handle)
+        await handle.stop_requested.wait()
+        log.info("shutting_down", in_flight=kafka.in_flight)
+        await kafka.drain(config.shutdown_timeout_ms / 1000)
+        admin_stopped.set()
+        await runtime.close()
+        nursery.cancel_scope.cancel()
+    log.info("stopped")

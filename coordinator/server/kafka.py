@@ -1,0 +1,193 @@
+"""The KRPC listener: one task per connection, pipelined requests answered in order.
+
+A bad frame closes only its own connection; a failure while handling one request is
+answered with UNKNOWN_SERVER_ERROR. The server never dies because of a client.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import structlog
+import trio
+
+from coordinator.server.runtime import NotDurable, Runtime
+from coordinator.metrics import api_name
+from protocol.errors import ErrorCode
+from protocol.framing import (
+    API_VERSIONS,
+    DecodedRequest,
+    FrameBuffer,
+    FrameError,
+    FrameTooLarge,
+    MalformedRequest,
+    UnsupportedApi,
+    api_versions_response,
+    decode_request,
+    encode_response,
+    error_response,
+)
+
+log = structlog.get_logger("connect_coordinator.kafka")
+HEARTBEAT, PREPARE, INSTALL, DESCRIBE = 1000, 1001, 1002, 1003
+RECEIVE_BYTES = 65536
+
+
+class KafkaServer:
+    def __init__(self, runtime: Runtime, max_frame_bytes: int) -> None:
+        self.runtime = runtime
+        self.max_frame_bytes = max_frame_bytes
+        self.in_flight = 0
+        self._idle = trio.Event()
+        self._idle.set()
+        self._accepting: trio.CancelScope | None = None
+        self._connections: trio.CancelScope | None = None
+        core = runtime.core
+        self._operations = {
+            HEARTBEAT: core.heartbeat,
+            PREPARE: core.prepare_assignment,
+            INSTALL: core.install_assignment,
+        }
+
+    async def serve(self, host: str, port: int, *,
+                    task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+        """Listen until `stop_accepting`; then finish what is in flight. Reports the port."""
+        listeners = await trio.open_tcp_listeners(port, host=host)
+        bound = listeners[0].socket.getsockname()[1]
+        try:
+            with trio.CancelScope() as self._connections:
+                async with trio.open_nursery() as nursery:
+                    with trio.CancelScope() as self._accepting:
+                        task_status.started(bound)
+                        async with trio.open_nursery() as accept_nursery:
+                            for listener in listeners:
+                                accept_nursery.start_soon(self._accept, listener, nursery)
+                    self._close(listeners)
+        finally:
+            self._close(listeners)
+        log.info("kafka_listener_closed")
+
+    @staticmethod
+    def _close(listeners: list[trio.SocketListener]) -> None:
+        for listener in listeners:
+            listener.socket.close()  # synchronous: holds even when we are being cancelled
+
+    async def _accept(self, listener: trio.SocketListener, nursery: trio.Nursery) -> None:
+        while True:
+            try:
+                stream = await listener.accept()
+            except OSError as error:  # e.g. too many open files: back off, keep serving
+                log.warning("accept_failed", error=str(error))
+                await trio.sleep(0.1)
+                continue
+            nursery.start_soon(self._connection, stream)
+
+    async def drain(self, timeout_s: float) -> None:
+        """Graceful shutdown: stop accepting, wait for in-flight requests, then close."""
+        if self._accepting is not None:
+            self._accepting.cancel()
+        with trio.move_on_after(timeout_s):
+            await self._idle.wait()
+        if self._connections is not None:
+            self._connections.cancel()
+
+    async def _connection(self, stream: trio.SocketStream) -> None:
+        metrics = self.runtime.metrics
+        metrics.connections.inc()
+        frames = FrameBuffer(self.max_frame_bytes)
+        try:
+            peer = stream.socket.getpeername()
+        except OSError:
+            peer = None
+        try:
+            async with stream:
+                while True:
+                    try:
+                        data = await stream.receive_some(RECEIVE_BYTES)
+                    except trio.BrokenResourceError:
+                        return
+                    if not data:
+                        if frames.buffered_bytes:
+                            metrics.rejected_frames.labels("truncated").inc()
+                            log.warning("truncated_frame", peer=peer,
+                                        buffered=frames.buffered_bytes)
+                        return
+                    try:
+                        frames.feed(data)
+                    except FrameError as error:
+                        reason = "oversize" if isinstance(error, FrameTooLarge) else "malformed"
+                        metrics.rejected_frames.labels(reason).inc()
+                        log.warning("bad_frame_closing_connection", peer=peer, error=str(error))
+                        return
+                    for frame in frames:
+                        answer = await self._answer(frame, peer)
+                        if answer is None:
+                            metrics.rejected_frames.labels("malformed").inc()
+                            return
+                        try:
+                            await stream.send_all(answer)
+                        except (trio.BrokenResourceError, trio.ClosedResourceError):
+                            return
+        finally:
+            metrics.connections.dec()
+
+    async def _answer(self, frame: bytes, peer: Any) -> bytes | None:
+        """The framed response, or None when the connection must close."""
+        started = time.perf_counter()
+        try:
+            request = decode_request(frame)
+        except UnsupportedApi as error:
+            self._count(error.api_key, ErrorCode.UNSUPPORTED_VERSION, started)
+            return error_response(error.api_key, error.api_version, error.correlation_id,
+                                  ErrorCode.UNSUPPORTED_VERSION, str(error))
+        except MalformedRequest as error:
+            log.warning("malformed_request_closing_connection", peer=peer, error=str(error))
+            return None
+        self.in_flight += 1
+        self._idle = trio.Event() if self.in_flight == 1 else self._idle
+        try:
+            answer, code = await self._dispatch(request)
+        except Exception as error:
+            log.exception("request_failed", api=api_name(request.api_key))
+            code = ErrorCode.UNKNOWN_SERVER_ERROR
+            answer = error_response(request.api_key, request.api_version,
+                                    request.correlation_id, code,
+                                    f"internal error: {type(error).__name__}: {error}")
+        finally:
+            self.in_flight -= 1
+            if self.in_flight == 0:
+                self._idle.set()
+        self._count(request.api_key, code, started)
+        return answer
+
+    def _count(self, api_key: int, code: int, started: float) -> None:
+        name = api_name(api_key)
+        try:
+            error = ErrorCode(code).name
+        except ValueError:
+            error = str(code)
+        self.runtime.metrics.requests.labels(name, error).inc()
+        self.runtime.metrics.request_seconds.labels(name).observe(time.perf_counter() - started)
+
+    async def _dispatch(self, request: DecodedRequest) -> tuple[bytes, int]:
+        key, version, correlation = request.api_key, request.api_version, request.correlation_id
+        if key == API_VERSIONS:
+            body = api_versions_response(version)
+            return encode_response(key, version, correlation, body), ErrorCode.NONE
+        runtime = self.runtime
+        group_ids = getattr(request.body, "group_ids", ())
+        if not runtime.ready:
+            code = ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
+            return error_response(key, version, correlation, code,
+                                  "the coordinator is loading its log", group_ids=group_ids), code
+        if key == DESCRIBE:
+            response: Any = runtime.core.describe(request.body, runtime.now_ms())
+            return encode_response(key, version, correlation, response), ErrorCode.NONE
+        try:
+            response = await runtime.call(self._operations[key], request.body)
+        except NotDurable:
+            code = ErrorCode.COORDINATOR_NOT_AVAILABLE
+            return error_response(key, version, correlation, code,
+                                  "the change could not be written to the log; retry"), code
+        return encode_response(key, version, correlation, response), response.error_code

@@ -1,0 +1,461 @@
+"""The shell around the sans-IO core: clock, timers, records, events and assignor runs.
+
+Every core call happens on the trio thread and returns before anything is awaited, so the
+core never sees two operations interleave. After each call the runtime
+
+1. applies ``Result.timers`` to the :class:`TimerScheduler`,
+2. logs ``Result.events`` (one line each, group, member and epochs bound),
+3. starts ``Result.jobs`` (offloaded server assignor runs) in the worker pool,
+4. awaits ``sink.write(result.records)`` -- before the caller sends its response
+   (CONTRACT §5.11: a response that reports a change follows its durable records).
+
+Sink writes are issued in the order the core produced the records; a sink must persist them
+in call order (concurrent calls may overlap; a group-committing log batches them).
+
+Plugging in the durable log (later issue): pass a ``RecordSink`` and a ``LogLoader``. The
+loader replays the log into the core while the server answers COORDINATOR_LOAD_IN_PROGRESS;
+the runtime then arms ``core.timers_after_load(now)`` and flips ``ready``.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol, TypeVar
+
+import structlog
+import trio
+import trio_parallel
+
+from coordinator.assignors.api import AssignmentResult, AssignmentSpec, ServerAssignor
+from coordinator.config import ServerConfig
+from coordinator.core.coordinator import GroupCoordinator
+from coordinator.core.result import AssignorRun, Event, Record, Result, TimerKey, TimerOp, TimerSet
+from coordinator.metrics import Metrics
+from protocol.errors import ApiError, ErrorCode
+from protocol.messages import (
+    ConnectGroupDescribeResponse,
+    ConnectGroupHeartbeatResponse,
+    ConnectGroupInstallAssignmentResponse,
+    ConnectGroupPrepareAssignmentResponse,
+)
+
+R = TypeVar("R")
+log = structlog.get_logger("coordinator.runtime")
+
+
+# ---------------------------------------------------------------------------- clock
+
+
+class Clock(Protocol):
+    """Milliseconds for the core, and the trio time at which a deadline in them falls."""
+
+    def now_ms(self) -> int: ...
+
+    def trio_deadline(self, deadline_ms: int) -> float: ...
+
+
+class TrioEpochClock:
+    """Epoch milliseconds that advance with trio's clock.
+
+    Why not plain ``time.time()``: timers sleep on trio's clock, and under pytest-trio's
+    ``autojump_clock`` trio time jumps while wall time does not, so a wall-clock ``now`` would
+    never reach a deadline. This clock reads ``time.time()`` once (on first use) to anchor
+    trio time to the epoch and then follows trio time. In production trio time is monotonic
+    time, so ``now`` is the wall clock at start-up plus the monotonic time since; it does not
+    follow later wall-clock steps, which is what timers want. Tests may pass
+    ``epoch_offset_ms=0`` for small, deterministic numbers.
+    """
+
+    def __init__(self, epoch_offset_ms: float | None = None) -> None:
+        self._offset_ms = epoch_offset_ms
+
+    def _offset(self) -> float:
+        if self._offset_ms is None:
+            self._offset_ms = time.time() * 1000.0 - trio.current_time() * 1000.0
+        return self._offset_ms
+
+    def now_ms(self) -> int:
+        return int(trio.current_time() * 1000.0 + self._offset())
+
+    def trio_deadline(self, deadline_ms: int) -> float:
+        return (deadline_ms - self._offset()) / 1000.0
+
+
+# ---------------------------------------------------------------------------- timers
+
+
+class TimerScheduler:
+    """Named timers: a dict key -> deadline, plus a heap of (deadline, seq, key) entries.
+
+    Re-arming a key to a later deadline (every heartbeat moves its member's session timer)
+    only updates the dict: O(1). Heap entries are checked lazily when they come due: an entry
+    fires only if the dict still holds exactly its deadline; if the dict holds a later one the
+    entry is pushed again at that deadline; if the key is gone the entry is dropped. Moving a
+    key earlier pushes a new entry, so the heap top is never later than the earliest deadline.
+    """
+
+    def __init__(self) -> None:
+        self._deadlines: dict[TimerKey, int] = {}
+        self._heap: list[tuple[int, int, TimerKey]] = []
+        self._sequence = 0
+        self._changed = trio.Event()
+
+    def __len__(self) -> int:
+        return len(self._deadlines)
+
+    def deadline(self, key: TimerKey) -> int | None:
+        return self._deadlines.get(key)
+
+    def set(self, key: TimerKey, deadline_ms: int) -> None:
+        previous = self._deadlines.get(key)
+        self._deadlines[key] = deadline_ms
+        if previous is None or deadline_ms < previous:
+            self._push(key, deadline_ms)
+
+    def cancel(self, key: TimerKey) -> None:
+        self._deadlines.pop(key, None)
+
+    def apply(self, operations: Sequence[TimerOp]) -> None:
+        for operation in operations:
+            if isinstance(operation, TimerSet):
+                self.set(operation.key, operation.deadline_ms)
+            else:
+                self.cancel(operation.key)
+
+    def _push(self, key: TimerKey, deadline_ms: int) -> None:
+        earliest = self._heap[0][0] if self._heap else None
+        self._sequence += 1
+        heapq.heappush(self._heap, (deadline_ms, self._sequence, key))
+        if earliest is None or deadline_ms < earliest:
+            self._changed.set()  # the sleeper must wake up earlier than it planned
+
+    def pop_due(self, now_ms: int) -> list[TimerKey]:
+        """Remove and return every key whose deadline is at or before `now_ms`."""
+        due: list[TimerKey] = []
+        heap = self._heap
+        while heap and heap[0][0] <= now_ms:
+            deadline, _, key = heapq.heappop(heap)
+            current = self._deadlines.get(key)
+            if current is None:
+                continue
+            if current == deadline:
+                del self._deadlines[key]
+                due.append(key)
+            elif current > deadline:
+                self._sequence += 1
+                heapq.heappush(heap, (current, self._sequence, key))
+        return due
+
+    def next_deadline(self) -> int | None:
+        return self._heap[0][0] if self._heap else None
+
+    async def run(
+        self, clock: Clock, fire: Callable[[TimerKey, int], Any]
+    ) -> None:
+        """Sleep until the earliest deadline, call `fire(key, now_ms)` (awaited), repeat."""
+        while True:
+            for key in self.pop_due(clock.now_ms()):
+                await fire(key, clock.now_ms())
+            self._changed = trio.Event()
+            upcoming = self.next_deadline()
+            wake_at = math.inf if upcoming is None else clock.trio_deadline(upcoming)
+            with trio.move_on_at(wake_at):
+                await self._changed.wait()
+
+
+# ---------------------------------------------------------------------------- records
+
+
+class RecordSink(Protocol):
+    """Where records go before a response is sent: the durable log, or memory in tests."""
+
+    async def write(self, records: Sequence[Record]) -> None:
+        """Return once `records` are durable; raise if they cannot be made so."""
+        ...
+
+    async def close(self) -> None:
+        """Flush and release; called once at shutdown."""
+        ...
+
+
+class MemorySink:
+    """Keeps records in memory (or drops them with `keep=False`); for tests and until the log."""
+
+    def __init__(self, keep: bool = True) -> None:
+        self.keep = keep
+        self.records: list[Record] = []
+        self.closed = False
+
+    async def write(self, records: Sequence[Record]) -> None:
+        if self.closed:
+            raise RuntimeError("the record sink is closed")
+        if self.keep:
+            self.records.extend(records)
+        await trio.lowlevel.checkpoint()
+
+    async def close(self) -> None:
+        self.closed = True
+        await trio.lowlevel.checkpoint()
+
+
+class LogLoader(Protocol):
+    """Replays the durable log into the core at start-up (`core.replay(record)` per record)."""
+
+    async def load(self, core: GroupCoordinator) -> None: ...
+
+
+# ---------------------------------------------------------------------------- assignor runs
+
+
+def run_assignor_in_worker(assignor: ServerAssignor, spec: AssignmentSpec) -> AssignmentResult:
+    """Executed in a trio-parallel worker process; module level so it pickles."""
+    return assignor.assign(spec)
+
+
+class NotDurable(ApiError):
+    """The records of a change could not be written; the change was rolled back."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(ErrorCode.COORDINATOR_NOT_AVAILABLE, message)
+
+
+class AssignorTimeout(Exception):
+    """An offloaded assignor run exceeded group.connect.assignor.run.timeout.ms."""
+
+
+# ---------------------------------------------------------------------------- runtime
+
+
+class Runtime:
+    """One GroupCoordinator with its timers, record sink and assignor worker pool."""
+
+    def __init__(
+        self,
+        core: GroupCoordinator,
+        config: ServerConfig,
+        sink: RecordSink | None = None,
+        clock: Clock | None = None,
+        *,
+        loader: LogLoader | None = None,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.core = core
+        self.config = config
+        self.sink: RecordSink = sink if sink is not None else MemorySink(keep=False)
+        self.clock: Clock = clock if clock is not None else TrioEpochClock()
+        self.loader = loader
+        self.metrics = metrics if metrics is not None else Metrics(lambda: self.core)
+        self.timers = TimerScheduler()
+        self.ready = False
+        self._ready_event = trio.Event()
+        self._nursery: trio.Nursery | None = None
+        self._worker_context: trio_parallel.WorkerContext | None = None
+        self._limiter = trio.CapacityLimiter(config.background_threads)
+        self._sink_closed = False
+        # Changes whose records are being written, oldest first (see roll_back_from).
+        self._unconfirmed: list[Result[Any]] = []
+
+    # ---------------------------------------------------------------- lifetime
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Run timers and assignor jobs until cancelled; `started` comes before the log loads.
+
+        The caller opens its listeners after `started`, so clients can connect (and get
+        COORDINATOR_LOAD_IN_PROGRESS) while the log loads; `wait_ready()` tells when it is done.
+        """
+        async with trio_parallel.open_worker_context() as worker_context:
+            self._worker_context = worker_context
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                task_status.started()
+                if self.loader is not None:
+                    log.info("log_loading")
+                    await self.loader.load(self.core)
+                    self.timers.apply(self.core.timers_after_load(self.clock.now_ms()))
+                self.mark_ready()
+                nursery.start_soon(self.timers.run, self.clock, self._fire_timer)
+
+    def mark_ready(self) -> None:
+        """Serve requests from now on (idempotent). `run()` calls it after loading."""
+        if not self.ready:
+            self.ready = True
+            self.metrics.ready.set(1)
+            self._ready_event.set()
+
+    async def wait_ready(self) -> None:
+        await self._ready_event.wait()
+
+    async def close(self) -> None:
+        """Flush and close the sink (idempotent). Call after the listeners have drained."""
+        if self._sink_closed:
+            return
+        self._sink_closed = True
+        self.ready = False
+        self.metrics.ready.set(0)
+        await self.sink.close()
+
+    # ---------------------------------------------------------------- the one path
+    async def complete(self, result: Result[R]) -> R:
+        """Timers, events, jobs, then durable records; returns the response to send."""
+        if result.timers:
+            self.timers.apply(result.timers)
+        if result.events:
+            for event in result.events:
+                self._log_event(event)
+        if result.jobs:
+            for run in result.jobs:
+                self._start_job(run)
+        if result.records:
+            await self._persist(result)
+        return result.response
+
+    async def _persist(self, result: Result[Any]) -> None:
+        started = time.perf_counter()
+        self._unconfirmed.append(result)
+        try:
+            await self.sink.write(result.records)
+        except Exception as error:
+            log.error("record_write_failed", records=len(result.records), exc_info=True)
+            self.roll_back_from(result)
+            raise NotDurable(
+                f"the change could not be written to the log ({type(error).__name__}: {error})"
+            ) from error
+        finally:
+            index = self._unconfirmed_index(result)
+            if index is not None:
+                del self._unconfirmed[index]
+        self.metrics.record_write_duration.observe(time.perf_counter() - started)
+        self.metrics.records_written.inc(len(result.records))
+
+    def roll_back_from(self, first: Result[Any] | None = None) -> None:
+        """Undo `first` and every change made after it whose records are not durable yet,
+        newest first (they were computed on top of it). Without `first`: all of them.
+        A sink calls this synchronously when a flush fails, before any waiter resumes."""
+        start = 0 if first is None else self._unconfirmed_index(first)
+        if start is None:
+            return  # already rolled back with an earlier failure
+        undone = self._unconfirmed[start:]
+        del self._unconfirmed[start:]
+        for result in reversed(undone):
+            self.core.rollback(result)
+
+    def roll_back_writes(self, failed: Sequence[Sequence[Record]]) -> None:
+        """A sink's failure hook: `failed` are the record lists of the failed writes (a
+        suffix of the writes in issue order); undo from the oldest of them onwards."""
+        failed_ids = {id(records) for records in failed}
+        for pending in self._unconfirmed:
+            if id(pending.records) in failed_ids:
+                self.roll_back_from(pending)
+                return
+
+    def _unconfirmed_index(self, result: Result[Any]) -> int | None:
+        # By identity: two changes may well carry equal records.
+        for index, pending in enumerate(self._unconfirmed):
+            if pending is result:
+                return index
+        return None
+
+    @staticmethod
+    def _log_event(event: Event) -> None:
+        fields = dict(event.fields)
+        fields.pop("event", None)
+        log.info(event.name, group=event.group_id, member=event.member_id, **fields)
+
+    def now_ms(self) -> int:
+        return self.clock.now_ms()
+
+    def require_ready(self) -> None:
+        if not self.ready:
+            raise ApiError(
+                ErrorCode.COORDINATOR_LOAD_IN_PROGRESS,
+                "the coordinator is loading its log; retry shortly",
+            )
+
+    async def call(self, operation: Callable[..., Result[R]], *args: Any) -> R:
+        """Run `operation(*args, now_ms)` on the core, then `complete` its result."""
+        return await self.complete(operation(*args, self.clock.now_ms()))
+
+    # ---------------------------------------------------------------- KRPC operations
+    async def heartbeat(self, request: Any) -> ConnectGroupHeartbeatResponse:
+        return await self.complete(self.core.heartbeat(request, self.clock.now_ms()))
+
+    async def prepare_assignment(self, request: Any) -> ConnectGroupPrepareAssignmentResponse:
+        return await self.complete(self.core.prepare_assignment(request, self.clock.now_ms()))
+
+    async def install_assignment(self, request: Any) -> ConnectGroupInstallAssignmentResponse:
+        return await self.complete(self.core.install_assignment(request, self.clock.now_ms()))
+
+    def describe(self, request: Any) -> ConnectGroupDescribeResponse:
+        return self.core.describe(request, self.clock.now_ms())
+
+    # ---------------------------------------------------------------- admin operations
+    async def put_connector(self, group_id: str, connector: str, tasks: int) -> dict[str, Any]:
+        return await self.complete(
+            self.core.put_connector(group_id, connector, tasks, self.clock.now_ms())
+        )
+
+    async def delete_connector(self, group_id: str, connector: str) -> dict[str, Any]:
+        return await self.complete(
+            self.core.delete_connector(group_id, connector, self.clock.now_ms())
+        )
+
+    async def remove_static_members(
+        self, group_id: str, members: Sequence[tuple[str, str | None]]
+    ) -> dict[str, Any]:
+        return await self.complete(
+            self.core.remove_static_members(group_id, members, self.clock.now_ms())
+        )
+
+    async def set_group_config(self, group_id: str, body: dict[str, Any]) -> dict[str, Any]:
+        return await self.complete(
+            self.core.set_group_config(group_id, body, self.clock.now_ms())
+        )
+
+    async def delete_group(self, group_id: str) -> dict[str, Any]:
+        return await self.complete(self.core.delete_group(group_id, self.clock.now_ms()))
+
+    # ---------------------------------------------------------------- timers and jobs
+    async def _fire_timer(self, key: TimerKey, now_ms: int) -> None:
+        self.metrics.timers_fired.labels(key[0]).inc()
+        try:
+            await self.complete(self.core.on_timer(key, now_ms))
+        except Exception:
+            # A timer must never stop the scheduler; the state is rolled back if unwritten.
+            log.exception("timer_failed", kind=key[0], group=key[1], member=key[2] or None)
+
+    def _start_job(self, run: AssignorRun) -> None:
+        if self._nursery is None:
+            raise RuntimeError("Runtime.run() is not running; cannot start an assignor run")
+        self._nursery.start_soon(self._run_job, run)
+
+    async def _run_job(self, run: AssignorRun) -> None:
+        assignor = self.core.assignors[run.assignor]
+        outcome: AssignmentResult | BaseException
+        timeout_s = self.config.assignor_run_timeout_ms / 1000.0
+        started = time.perf_counter()
+        label = "ok"
+        with trio.move_on_after(timeout_s) as scope:
+            try:
+                assert self._worker_context is not None
+                outcome = await self._worker_context.run_sync(
+                    run_assignor_in_worker, assignor, run.spec,
+                    kill_on_cancel=True, limiter=self._limiter,
+                )
+            except Exception as error:  # a failing plug-in assignor is reported, not fatal
+                outcome = error
+                label = "failed"
+        if scope.cancelled_caught:
+            outcome = AssignorTimeout(
+                f"assignor {run.assignor} ran longer than {self.config.assignor_run_timeout_ms} ms"
+            )
+            label = "timeout"
+        self.metrics.assignor_runs.labels(label).inc()
+        log.info("assignor_run_finished", group=run.group_id, assignor=run.assignor,
+                 run=run.run_id, outcome=label,
+                 duration_ms=round((time.perf_counter() - started) * 1000, 2))
+        try:
+            await self.complete(self.core.complete_assignor_run(run, outcome, self.clock.now_ms()))
+        except Exception:
+            log.exception("assignor_result_failed", group=run.group_id, run=run.run_id)

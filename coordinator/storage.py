@@ -1,0 +1,188 @@
+"""The embedded durable store: core records <-> the on-disk record log.
+
+`LogSink` is the runtime's record sink. It does its own group commit: every change queued
+while a flush is in progress goes into the next flush (one batch per change, one fsync per
+flush). When a flush fails, that flush and every change queued behind it fail together —
+they were all computed on top of the failed one — and `on_failure` is called at once,
+before any waiter wakes, so the runtime can roll them all back newest first while nothing
+else runs.
+
+`LogReplayer` loads the log into the core at start-up with the same `replay` used live.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import structlog
+import trio
+
+from coordinator.config import ServerConfig
+from coordinator.core.coordinator import GroupCoordinator
+from coordinator.core.result import Record
+from coordinator.log import LogError, LogWriter, read_all
+from coordinator.log.files import FileLayer
+from protocol.records import decode_record, encode_key, encode_value
+
+log = structlog.get_logger("connect_coordinator.storage")
+REPLAY_YIELD_EVERY = 20_000
+
+
+class LogWriteFailed(Exception):
+    """The change's records did not reach the disk; the change was (or must be) undone."""
+
+
+def encode_records(records: Sequence[Record]) -> list[tuple[bytes, bytes | None]]:
+    return [(encode_key(record.key), encode_value(record.value)) for record in records]
+
+
+@dataclass
+class _QueuedWrite:
+    source: Sequence[Record]
+    records: list[tuple[bytes, bytes | None]]
+    done: trio.Event = field(default_factory=trio.Event)
+    error: BaseException | None = None
+
+
+class LogSink:
+    def __init__(self, writer: LogWriter | None, now_ms: Callable[[], int]) -> None:
+        self.writer = writer  # set by LogReplayer once the log is loaded
+        self._now_ms = now_ms
+        self._queue: list[_QueuedWrite] = []
+        self._wakeup = trio.Event()
+        self._closing = False
+        self._stopped = trio.Event()
+        # Called synchronously when a flush fails, before any waiter resumes, with the
+        # record lists of every failed write (the runtime rolls those changes back).
+        self.on_failure: Callable[[list[Sequence[Record]]], None] | None = None
+        self.flushes = 0
+        self.failed_flushes = 0
+
+    async def write(self, records: Sequence[Record]) -> None:
+        if self._closing:
+            raise LogWriteFailed("the log is closing")
+        queued = _QueuedWrite(records, encode_records(records))
+        self._queue.append(queued)
+        self._wakeup.set()
+        await queued.done.wait()
+        if queued.error is not None:
+            raise LogWriteFailed(str(queued.error)) from queued.error
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+                  ) -> None:
+        """The flusher: one task writes and fsyncs, so flushes never overlap."""
+        task_status.started()
+        try:
+            while not (self._closing and not self._queue):
+                if not self._queue:
+                    self._wakeup = trio.Event()
+                    await self._wakeup.wait()
+                    continue
+                batch, self._queue = self._queue, []
+                await self._flush(batch)
+        finally:
+            self._stopped.set()
+
+    async def _flush(self, batch: list[_QueuedWrite]) -> None:
+        now_ms = self._now_ms()
+        try:
+            await trio.to_thread.run_sync(self._append_and_sync, batch, now_ms)
+        except (LogError, OSError) as error:
+            self.failed_flushes += 1
+            failed = batch + self._queue
+            self._queue = []
+            log.error("log_flush_failed", error=str(error), changes=len(failed))
+            for queued in failed:
+                queued.error = error
+            if self.on_failure is not None:
+                self.on_failure([queued.source for queued in failed])
+            for queued in failed:
+                queued.done.set()
+            return
+        self.flushes += 1
+        for queued in batch:
+            queued.done.set()
+
+    def _append_and_sync(self, batch: list[_QueuedWrite], now_ms: int) -> None:
+        if self.writer is None:
+            raise LogError("the log is not loaded yet")
+        try:
+            for queued in batch:
+                self.writer.append(queued.records, now_ms)
+            self.writer.sync()
+        except (LogError, OSError):
+            if not self.writer.broken:
+                self.writer.rollback_unsynced()
+            raise
+
+    async def close(self) -> None:
+        self._closing = True
+        self._wakeup.set()
+        await self._stopped.wait()
+        if self.writer is not None:
+            await trio.to_thread.run_sync(self.writer.close)
+
+
+class LogReplayer:
+    """Replays `data_dir` into the core, then opens the writer where the log ends."""
+
+    def __init__(self, data_dir: Path, config: ServerConfig, sink: LogSink | None = None,
+                 file_layer: FileLayer | None = None) -> None:
+        self.data_dir = data_dir
+        self.sink = sink
+        self.config = config
+        self.file_layer = file_layer
+        self.writer: LogWriter | None = None
+        self.records = 0
+
+    async def load(self, core: GroupCoordinator) -> None:
+        load = read_all(self.data_dir, self.file_layer)
+        for entry in load:
+            key, value = decode_record(entry.key, entry.value)
+            core.replay(Record(key, value))
+            self.records += 1
+            if self.records % REPLAY_YIELD_EVERY == 0:
+                await trio.sleep(0)  # keep answering COORDINATOR_LOAD_IN_PROGRESS
+        for warning in load.result.warnings:
+            log.warning("log_damage_repaired", detail=warning)
+        self.writer = LogWriter.open(self.data_dir, file_layer=self.file_layer,
+                                     segment_bytes=self.config.log_segment_bytes,
+                                     recovered=load.result)
+        if self.sink is not None:
+            self.sink.writer = self.writer
+        log.info("log_loaded", records=self.records, groups=len(core.group_ids()),
+                 members=core.member_count(), next_offset=self.writer.next_offset)
+
+
+def snapshot_rows(core: GroupCoordinator, now_ms: int) -> list[dict[str, Any]]:
+    """The current state as rows (one per group, member and assigned unit)."""
+    rows: list[dict[str, Any]] = []
+    for group_id in core.group_ids():
+        group = core.store.groups[group_id]
+        base = {"group_id": group_id, "group_state": group.state, "group_epoch": group.epoch,
+                "assignment_epoch": group.assignment_epoch, "snapshot_ms": now_ms}
+        rows.append({"kind": "group", **base})
+        holders: dict[tuple[str, int], str] = {}
+        for member in group.members.values():
+            metadata = member.metadata
+            rows.append({"kind": "member", **base, "member_id": member.member_id,
+                         "instance_id": metadata.instance_id if metadata else None,
+                         "worker_url": metadata.worker_url if metadata else None,
+                         "member_epoch": member.current.epoch,
+                         "member_state": member.current.state.name})
+            for unit in member.current.assigned:
+                holders[unit] = member.member_id
+        for connector, task in sorted(group.units):
+            rows.append({"kind": "unit", **base, "member_id": holders.get((connector, task)),
+                         "connector": connector, "task": task})
+    return rows
+
+
+def ensure_data_dir(data_dir: Path) -> None:
+    data_dir.mkdir(parents=True, exist_ok=True)
+    if not os.access(data_dir, os.W_OK):
+        raise PermissionError(f"{data_dir} is not writable")

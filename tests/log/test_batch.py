@@ -1,0 +1,165 @@
+"""RecordBatch v2 encoding (kio) and the struct-based decoder."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+from crc32c import crc32c
+from hypothesis import given
+from hypothesis import strategies as st
+from kio.records.readers import read_batch as kio_read_batch
+
+from coordinator.log.batch import (
+    BatchFormatError,
+    BatchHeader,
+    FrameProblem,
+    LogEntry,
+    decode_records,
+    encode_batch,
+    encode_entries,
+    read_batch_header,
+)
+
+records_strategy = st.lists(
+    st.tuples(st.binary(max_size=300), st.none() | st.binary(max_size=10_000)),
+    min_size=1,
+    max_size=20,
+)
+
+
+def decode(data: bytes, position: int = 0) -> tuple[BatchHeader, list[LogEntry]]:
+    header = read_batch_header(data, position)
+    assert isinstance(header, BatchHeader), header
+    return header, decode_records(data, header)
+
+
+@given(
+    base_offset=st.integers(0, 2**62),
+    records=records_strategy,
+    timestamp_ms=st.integers(0, 4_102_444_800_000),
+)
+def test_round_trip_and_agreement_with_kio_reader(
+    base_offset: int, records: list[tuple[bytes, bytes | None]], timestamp_ms: int
+) -> None:
+    data = encode_batch(base_offset, records, timestamp_ms)
+    header, entries = decode(data)
+    assert header.size == len(data)
+    assert header.base_offset == base_offset
+    assert header.last_offset == base_offset + len(records) - 1
+    assert entries == [
+        LogEntry(base_offset + index, key, value, timestamp_ms)
+        for index, (key, value) in enumerate(records)
+    ]
+    kio_batch, kio_size = kio_read_batch(data, 0)
+    assert kio_size == len(data)
+    assert kio_batch.crc == header.crc
+    assert [(r.offset, r.key, r.value) for r in kio_batch.records] == [
+        (e.offset, e.key, e.value) for e in entries
+    ]
+
+
+@pytest.mark.parametrize("timestamp_ms", [1_079_485_535_620, 547_295_881_976, 273_579_595_770])
+def test_timestamps_survive_to_the_millisecond(timestamp_ms: int) -> None:
+    # Values where kio's float conversion of a whole-millisecond datetime loses 1 ms.
+    _, entries = decode(encode_batch(0, [(b"k", b"v")], timestamp_ms))
+    assert entries[0].timestamp_ms == timestamp_ms
+
+
+def test_entries_keep_their_own_offsets_and_timestamps() -> None:
+    entries = [
+        LogEntry(5, b"a", b"1", 100),
+        LogEntry(9, b"b", None, 90),
+        LogEntry(12, b"c", b"3", 200),
+    ]
+    header, decoded = decode(encode_entries(entries))
+    assert decoded == entries
+    assert header.base_offset == 5 and header.last_offset == 12
+    assert header.max_timestamp == 200
+
+
+def test_batches_back_to_back() -> None:
+    data = encode_batch(0, [(b"a", b"1")], 1) + encode_batch(1, [(b"b", b"2"), (b"c", None)], 2)
+    first, _ = decode(data)
+    second, entries = decode(data, first.end)
+    assert second.end == len(data)
+    assert [e.offset for e in entries] == [1, 2]
+
+
+def test_short_data_is_reported_as_short() -> None:
+    data = encode_batch(7, [(b"key", b"value" * 20)], 1)
+    for cut in (0, 5, 11, 12, 40, len(data) - 1):
+        problem = read_batch_header(data[:cut], 0)
+        assert isinstance(problem, FrameProblem)
+        assert problem.short, (cut, problem)
+
+
+def test_flipped_byte_is_a_crc_mismatch() -> None:
+    data = bytearray(encode_batch(7, [(b"key", b"value" * 20)], 1))
+    data[-3] ^= 0x40
+    problem = read_batch_header(bytes(data), 0)
+    assert isinstance(problem, FrameProblem)
+    assert not problem.short
+    assert "CRC mismatch" in problem.reason
+
+
+def test_bad_magic_and_bad_length_are_damage() -> None:
+    data = bytearray(encode_batch(0, [(b"k", b"v")], 1))
+    data[16] = 1
+    problem = read_batch_header(bytes(data), 0)
+    assert isinstance(problem, FrameProblem) and "magic" in problem.reason
+    zeros = read_batch_header(bytes(100), 0)
+    assert isinstance(zeros, FrameProblem) and not zeros.short
+    assert "invalid batch length 0" in zeros.reason
+
+
+def _with_fixed_crc(data: bytearray) -> bytes:
+    struct.pack_into(">I", data, 17, crc32c(bytes(data[21:])))
+    return bytes(data)
+
+
+def test_malformed_contents_with_a_valid_crc_are_a_format_error() -> None:
+    data = bytearray(encode_batch(0, [(b"k", b"v"), (b"l", b"w")], 1))
+    struct.pack_into(">i", data, 57, 3)  # claims three records, holds two
+    patched = _with_fixed_crc(data)
+    header = read_batch_header(patched, 0)
+    assert isinstance(header, BatchHeader)
+    with pytest.raises(BatchFormatError):
+        decode_records(patched, header)
+
+
+def test_compressed_batches_are_refused() -> None:
+    data = bytearray(encode_batch(0, [(b"k", b"v")], 1))
+    struct.pack_into(">h", data, 21, 1)  # gzip
+    patched = _with_fixed_crc(data)
+    header = read_batch_header(patched, 0)
+    assert isinstance(header, BatchHeader)
+    with pytest.raises(BatchFormatError, match="attributes"):
+        decode_records(patched, header)
+
+
+@pytest.mark.parametrize("size", [0, 1, 63, 64, 8191, 8192, 1_048_576 + 5])
+def test_varint_lengths_of_every_width(size: int) -> None:
+    # One-, two- and multi-byte varints take different paths in the decoder.
+    records = [(b"k" * size, b"v" * size), (b"t" * (size + 1), None), (b"", b"x" * size)]
+    data = encode_batch(10, records, 1_700_000_000_000)
+    _, entries = decode(data)
+    assert [(e.key, e.value) for e in entries] == records
+
+
+@pytest.mark.parametrize("delta_ms", [-100_000, -64, -1, 0, 63, 64, 8192, 10**9])
+def test_timestamp_deltas_of_every_width(delta_ms: int) -> None:
+    base = 1_700_000_000_000
+    entries = [LogEntry(0, b"a", b"1", base), LogEntry(1, b"b", b"2", base + delta_ms)]
+    _, decoded = decode(encode_entries(entries))
+    assert decoded == entries
+
+
+def test_large_offset_deltas() -> None:
+    entries = [
+        LogEntry(0, b"a", b"1", 5),
+        LogEntry(70, b"b", b"2", 5),
+        LogEntry(10**6, b"c", None, 5),
+    ]
+    _, decoded = decode(encode_entries(entries))
+    assert decoded == entries

@@ -1,0 +1,44 @@
+"""`connect-coordinator log check|dump|compact`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from coordinator.log import cli
+from coordinator.log.segments import segment_file_name
+
+from .helpers import snapshot, write_log
+
+
+def show_key(key: bytes, value: bytes | None) -> str:
+    return f"<{key.decode()}>"
+
+
+def test_check_dump_and_compact(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write_log(
+        tmp_path, [[(b"a", b"1" * 200)], [(b"a", b"2" * 200)], [(b"b", b"3")]], segment_bytes=1
+    )
+    assert cli.main(["check", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.strip().endswith("OK")
+
+    assert cli.main(["dump", str(tmp_path), "--format-record", f"{__name__}:show_key"]) == 0
+    out = capsys.readouterr().out
+    assert "| offset: 1 " in out and "<a>" in out and "<b>" in out
+
+    assert cli.main(["compact", str(tmp_path)]) == 0
+    assert "1 of 2 closed segments rewritten (1 removed)" in capsys.readouterr().out
+    assert not (tmp_path / segment_file_name(0)).exists()
+
+
+def test_check_fails_on_damage_without_repairing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write_log(tmp_path, [[(b"a", b"1")]])
+    with open(tmp_path / segment_file_name(0), "ab") as file:
+        file.write(b"\x00" * 30)
+    before = snapshot(tmp_path)
+    assert cli.main(["check", str(tmp_path)]) == 1
+    assert "repairable at start-up" in capsys.readouterr().out
+    assert snapshot(tmp_path) == before

@@ -1,0 +1,121 @@
+"""End to end: job.main on the sample inputs; every output exists and they agree."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.report.sample_data import EXPECTED
+
+pytest.importorskip("pyspark", reason="pyspark is not installed")
+pytest.importorskip("matplotlib", reason="matplotlib is not installed")
+
+from coordinator.report import job  # noqa: E402
+
+CHARTS = ("request_rate.png", "latency.png", "members_groups.png", "tasks_per_worker.png")
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def read_csv(path: Path) -> list[dict[str, str]]:
+    with path.open(newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+@pytest.fixture(scope="module")
+def report_dir(spark: Any, sample_inputs: tuple[Path, Path],
+               tmp_path_factory: pytest.TempPathFactory) -> Path:
+    metrics, snapshot = sample_inputs
+    out = tmp_path_factory.mktemp("report-out")
+    # The shared session is active, so main() reuses it (and leaves it running).
+    status = job.main([
+        "--metrics", str(metrics), "--snapshot", str(snapshot), "--out", str(out),
+        "--master", "local[2]", "--p99-limit-ms", "10",
+    ])
+    assert status == 0
+    assert not spark.sparkContext._jsc.sc().isStopped()
+    return out
+
+
+def test_files_exist(report_dir: Path) -> None:
+    for chart in CHARTS:
+        assert (report_dir / chart).read_bytes().startswith(PNG_MAGIC), chart
+    document = json.loads((report_dir / "figures.json").read_text())
+    page = (report_dir / "index.html").read_text()
+    for chart in CHARTS:
+        assert f'src="{chart}"' in page
+    for name, table in document["tables"].items():
+        assert (report_dir / table["csv"]).is_file(), name
+        assert f'href="{name}.csv"' in page
+    assert (report_dir / "summary.csv").is_file()
+    # The summary table comes first on the page.
+    assert page.index('id="summary"') < page.index("<img")
+
+
+def test_summary_figures(report_dir: Path) -> None:
+    summary = json.loads((report_dir / "figures.json").read_text())["summary"]
+    for name, expected in EXPECTED.items():
+        assert summary[name]["status"] == "ok", name
+        assert summary[name]["value"] == pytest.approx(expected, rel=1e-6), name
+    # Tasks per worker over all six workers [0,1,1,1,2,2]: imbalance 2 / (7/6) = 12/7.
+    assert summary["tasks per worker: imbalance (max/mean)"]["value"] == pytest.approx(12 / 7)
+    # Capacity: 0.06 cores / 6 members = 0.01 -> CPU allows 80 members; p99 4.84 ms at 6
+    # members reaches 10 ms at 6 * 10 / 4.84 = 12.40, the lower bound: 6 more workers,
+    # 6 / (6 members / 2 groups) = 2 more groups.
+    assert summary["capacity: max members"]["value"] == pytest.approx(6 * 10 / 4.84)
+    assert summary["capacity: additional workers"]["value"] == 6
+    assert summary["capacity: additional groups of average size"]["value"] == 2
+
+
+def test_csv_and_json_agree(report_dir: Path) -> None:
+    document = json.loads((report_dir / "figures.json").read_text())
+    for row in read_csv(report_dir / "summary.csv"):
+        entry = document["summary"][row["figure"]]
+        if entry["value"] is None:
+            assert row["value"] == ""
+        else:
+            assert float(row["value"]) == pytest.approx(entry["value"])
+    for name, table in document["tables"].items():
+        rows = read_csv(report_dir / table["csv"])
+        assert len(rows) == len(table["rows"]), name
+        assert list(rows[0].keys()) == table["columns"] if rows else True
+    groups = {row["group_id"]: row for row in read_csv(report_dir / "groups.csv")}
+    assert groups["alpha"]["tasks_per_worker_imbalance"] == "2.0"
+    assert float(groups["beta"]["tasks_per_worker_median"]) == 1.5
+    # 3 epoch bumps in 270 s = 40 per hour.
+    assert float(groups["alpha"]["epoch_bumps_per_hour"]) == pytest.approx(40.0)
+    assert document["capacity"]["limited_by"] == "p99 latency"
+
+
+def test_missing_metrics_and_no_snapshot(spark: Any, tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    # Only the members gauge: everything else is reported missing, nothing crashes.
+    pq.write_table(pa.table({
+        "timestamp": [1.0, 11.0],
+        "metric": ["connect_coordinator_members", "connect_coordinator_members"],
+        "labels": ["{}", "{}"],
+        "value": [3.0, 3.0],
+    }), tmp_path / "only-members.parquet")
+    out = tmp_path / "out"
+    assert job.main(["--metrics", str(tmp_path), "--out", str(out)]) == 0
+    summary = json.loads((out / "figures.json").read_text())["summary"]
+    assert summary["members (mean over recording)"]["value"] == 3.0
+    cpu = summary["CPU used (mean)"]
+    assert cpu["status"] == "missing"
+    assert "process_cpu_seconds_total" in cpu["missing_reason"]
+    assert summary["workers"]["missing_reason"] == "no snapshot given"
+    assert summary["capacity: additional workers"]["status"] == "missing"
+    for chart in CHARTS:
+        assert (out / chart).is_file()
+    assert "missing" in (out / "index.html").read_text()
+
+
+def test_bad_input_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                    spark: Any) -> None:
+    assert job.main(["--metrics", str(tmp_path / "nope"), "--out", str(tmp_path)]) == 2
+    assert "does not exist" in capsys.readouterr().err
