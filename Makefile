@@ -20,9 +20,15 @@ install: $(STAMP)
 run: install
 	$(BIN)/connect-coordinator serve --data-dir ./data
 
+# -p no:cacheprovider: no .pytest_cache, so a read-only CI checkout works too.
 test: install
 	HYPOTHESIS_PROFILE=ci $(BIN)/python -m pytest -q -p no:cacheprovider
 
 lint: install
 	$(BIN)/ruff check coordinator protocol tests
 	$(BIN)/mypy coordinator protocol
+
+# Stable-heartbeat throughput and latency (in-process server, 2 load processes).
+bench: install
+	$(BIN)/connect-coordinator bench codec
+	$(BIN)/connect-coordinator bench heartbeats

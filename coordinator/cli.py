@@ -136,8 +136,14 @@ def _serve(args: argparse.Namespace) -> int:
 
     json_logs = None if args.log_format is None else args.log_format == "json"
     configure_logging(args.log_level, json_logs)
+    from coordinator.assignors import UnknownAssignorError, load_assignors
+
     try:
         config = load_config(args.config, args.set)
+        try:
+            load_assignors(config.server_assignors)
+        except UnknownAssignorError as error:
+            raise ConfigError(f"group.connect.server.assignors: {error}") from None
         listen = parse_address(args.listen)
         admin = parse_address(args.admin_listen)
         args.data_dir.mkdir(parents=True, exist_ok=True)
@@ -157,15 +163,29 @@ def _serve(args: argparse.Namespace) -> int:
                     handle.stop()
                     break
 
+    from coordinator.log import LogError
+
     try:
         trio.run(serve_until_signalled)
-    except ConfigError as error:
-        print(f"connect-coordinator: {error}", file=sys.stderr)
-        return 2
-    except OSError as error:
-        print(f"connect-coordinator: {error}", file=sys.stderr)
-        return 1
+    except BaseException as raised:  # noqa: B036 - unwrap trio's exception groups
+        error = _first_leaf(raised)
+        if isinstance(error, ConfigError):
+            print(f"connect-coordinator: {error}", file=sys.stderr)
+            return 2
+        if isinstance(error, (LogError, OSError)):
+            # e.g. damage in the middle of the log: start-up stops, naming file and offset
+            print(f"connect-coordinator: cannot start: {error}", file=sys.stderr)
+            return 1
+        if isinstance(error, KeyboardInterrupt):
+            return 0
+        raise
     return 0
+
+
+def _first_leaf(error: BaseException) -> BaseException:
+    while isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
+        error = error.exceptions[0]
+    return error
 
 
 def _describe(args: argparse.Namespace) -> int:

@@ -123,9 +123,6 @@ class Metrics:
         self.connections = Gauge(
             PREFIX + "connections", "Open KRPC connections.", registry=registry
         )
-        self.connections_accepted = Counter(
-            PREFIX + "connections_accepted", "KRPC connections accepted.", registry=registry
-        )
         self.rejected_frames = Counter(
             PREFIX + "rejected_frames",
             "Frames refused, by reason (see REJECT_REASONS in coordinator/metrics.py).",

@@ -571,7 +571,7 @@ class GroupCoordinator:
     def _maybe_new_target(self, group: Group, change: _Change, now_ms: int) -> None:
         if group.epoch <= group.assignment_epoch or not group.members:
             return
-        wait = self._interval_left(group, now_ms)
+        wait = max(self._interval_left(group, now_ms), group.retry_after_ms - now_ms)
         if wait > 0:
             change.timers.append(TimerSet(_timer(ASSIGNMENT_TIMER, group.group_id), now_ms + wait))
             return
@@ -663,10 +663,11 @@ class GroupCoordinator:
                    now_ms: int) -> None:
         name = run.assignor
         if isinstance(outcome, BaseException):
+            retry_at = now_ms + max(1_000, self._assignment_interval(group))
+            group.retry_after_ms = retry_at  # not before then, however often we are asked
             change.event("assignor_failed", group, None, assignor=name, error=repr(outcome),
                          run=run.run_id)
-            change.timers.append(TimerSet(_timer(ASSIGNMENT_TIMER, group.group_id),
-                                          now_ms + max(1_000, self._assignment_interval(group))))
+            change.timers.append(TimerSet(_timer(ASSIGNMENT_TIMER, group.group_id), retry_at))
             return
         units = group.units
         parts: dict[str, TargetPart] = {}

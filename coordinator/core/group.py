@@ -100,6 +100,7 @@ class Group:
     prepared: PreparedAssignment | None = None
     rerun_at_ms: int | None = None  # a server assignor asked to run again then
     assignor_run: Any = None  # the offloaded AssignorRun in flight, if any
+    retry_after_ms: int = 0  # after a failed assignor run, the next waits until then
     # Target parts of members removed since the last server-side run: the assignor sees
     # them in previous_target, so it knows whose units a returning worker may take back.
     departed_parts: dict[str, frozenset[Unit]] = field(default_factory=dict)

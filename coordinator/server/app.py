@@ -15,10 +15,11 @@ from hypercorn.trio import serve as serve_http
 from coordinator.assignors import load_assignors
 from coordinator.config import ServerConfig
 from coordinator.core.coordinator import GroupCoordinator
+from coordinator.log.files import FileLayer
 from coordinator.server.admin import build_admin_app
 from coordinator.server.kafka import KafkaServer
 from coordinator.server.runtime import Clock, RecordSink, Runtime
-from coordinator.storage import LogReplayer, LogSink, ensure_data_dir
+from coordinator.storage import LogReplayer, LogSink, compact_periodically, ensure_data_dir
 
 log = structlog.get_logger("connect_coordinator")
 
@@ -49,12 +50,14 @@ async def run_server(
     *,
     clock: Clock | None = None,
     sink: RecordSink | None = None,
+    file_layer: FileLayer | None = None,
     task_status: trio.TaskStatus[ServerHandle] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve until `ServerHandle.stop()`, then shut down gracefully.
 
     With a data dir the state lives in the record log there: it is replayed before the
     server reports ready (KRPC answers COORDINATOR_LOAD_IN_PROGRESS meanwhile).
+    `file_layer` replaces the OS file layer under the log (tests inject faults with it).
     """
     core = GroupCoordinator(config, load_assignors(config.server_assignors))
     log_sink: LogSink | None = None
@@ -62,7 +65,7 @@ async def run_server(
     if sink is None and data_dir is not None:
         ensure_data_dir(data_dir)
         log_sink = LogSink(None, lambda: runtime.now_ms())
-        loader = LogReplayer(data_dir, config, log_sink)
+        loader = LogReplayer(data_dir, config, log_sink, file_layer)
         sink = log_sink
     runtime = Runtime(core, config, sink, clock, loader=loader)
     if log_sink is not None:
@@ -79,11 +82,14 @@ async def run_server(
             await nursery.start(log_sink.run)
         await nursery.start(runtime.run)
         kafka_port = await nursery.start(kafka.serve, listen[0], listen[1])
-        binds = await nursery.start(partial(serve_http, build_admin_app(runtime), http_config,
+        binds = await nursery.start(partial(serve_http, build_admin_app(runtime),  # type: ignore[arg-type]
+                                            http_config,
                                             shutdown_trigger=admin_stopped.wait))
         admin_port = int(binds[0].rsplit(":", 1)[1])
         handle = ServerHandle(runtime, kafka_port, admin_port)
         await runtime.wait_ready()
+        if log_sink is not None:  # compaction runs in a thread, never on the request path
+            nursery.start_soon(compact_periodically, log_sink, config, runtime.now_ms)
         log.info("ready", listen=f"{listen[0]}:{kafka_port}",
                  admin=f"http://{admin_listen[0]}:{admin_port}",
                  data_dir=str(data_dir) if data_dir else None,

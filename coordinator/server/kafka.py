@@ -15,6 +15,7 @@ import trio
 from coordinator.server.runtime import NotDurable, Runtime
 from coordinator.metrics import api_name
 from protocol.errors import ErrorCode
+from protocol.fastpath import encode_plain_heartbeat_response
 from protocol.framing import (
     API_VERSIONS,
     DecodedRequest,
@@ -43,6 +44,7 @@ class KafkaServer:
         self._idle.set()
         self._accepting: trio.CancelScope | None = None
         self._connections: trio.CancelScope | None = None
+        self._metric_children: dict[tuple[int, int], tuple[Any, Any]] = {}
         core = runtime.core
         self._operations = {
             HEARTBEAT: core.heartbeat,
@@ -120,15 +122,23 @@ class KafkaServer:
                         metrics.rejected_frames.labels(reason).inc()
                         log.warning("bad_frame_closing_connection", peer=peer, error=str(error))
                         return
+                    # Answers to the frames of one read go out in one write, in order.
+                    answers: list[bytes] = []
+                    closing = False
                     for frame in frames:
                         answer = await self._answer(frame, peer)
                         if answer is None:
                             metrics.rejected_frames.labels("malformed").inc()
-                            return
+                            closing = True
+                            break
+                        answers.append(answer)
+                    if answers:
                         try:
-                            await stream.send_all(answer)
+                            await stream.send_all(b"".join(answers))
                         except (trio.BrokenResourceError, trio.ClosedResourceError):
                             return
+                    if closing:
+                        return
         finally:
             metrics.connections.dec()
 
@@ -162,13 +172,20 @@ class KafkaServer:
         return answer
 
     def _count(self, api_key: int, code: int, started: float) -> None:
-        name = api_name(api_key)
-        try:
-            error = ErrorCode(code).name
-        except ValueError:
-            error = str(code)
-        self.runtime.metrics.requests.labels(name, error).inc()
-        self.runtime.metrics.request_seconds.labels(name).observe(time.perf_counter() - started)
+        # Metric children are looked up once per (api, code): labels() is costly per call.
+        children = self._metric_children.get((api_key, code))
+        if children is None:
+            name = api_name(api_key)
+            try:
+                error = ErrorCode(code).name
+            except ValueError:
+                error = str(code)
+            metrics = self.runtime.metrics
+            children = (metrics.requests.labels(name, error),
+                        metrics.request_seconds.labels(name))
+            self._metric_children[api_key, code] = children
+        children[0].inc()
+        children[1].observe(time.perf_counter() - started)
 
     async def _dispatch(self, request: DecodedRequest) -> tuple[bytes, int]:
         key, version, correlation = request.api_key, request.api_version, request.correlation_id
@@ -190,4 +207,8 @@ class KafkaServer:
             code = ErrorCode.COORDINATOR_NOT_AVAILABLE
             return error_response(key, version, correlation, code,
                                   "the change could not be written to the log; retry"), code
+        if key == HEARTBEAT:
+            fast = encode_plain_heartbeat_response(correlation, response)
+            if fast is not None:
+                return fast, response.error_code
         return encode_response(key, version, correlation, response), response.error_code

@@ -373,7 +373,7 @@ class Runtime:
                 "the coordinator is loading its log; retry shortly",
             )
 
-    async def call(self, operation: Callable[..., Result[R]], *args: Any) -> R:
+    async def call(self, operation: Callable[..., Any], *args: Any) -> Any:
         """Run `operation(*args, now_ms)` on the core, then `complete` its result."""
         return await self.complete(operation(*args, self.clock.now_ms()))
 

@@ -82,6 +82,9 @@ def test_failed_or_timed_out_run_keeps_the_target_and_retries() -> None:
     ctx.advance(1_000)
     ctx.finish_job(ctx.jobs.pop(), TimeoutError("assignor run exceeded 30000 ms"))
     assert ctx.describe(G).assignment_epoch == before.assignment_epoch
+    assert not ctx.jobs  # no immediate retry, even with heartbeats arriving
+    ctx.heartbeat(G, "w2", 1)
+    assert not ctx.jobs
     assert ctx.heartbeat(G, "w1", before.members[0].member_epoch).error_code == ErrorCode.NONE
     ctx.advance(1_000)  # retried after the interval
     assert len(ctx.jobs) == 1

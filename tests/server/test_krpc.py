@@ -88,6 +88,7 @@ async def test_unsupported_version_is_answered_and_connection_stays(server: Serv
         buffer = FrameBuffer(1 << 20)
         frame = await read_frame(stream, buffer)
         assert frame is not None
+        body: Any
         correlation, body = decode_response(frame, HEARTBEAT, 0)
         assert correlation == 5
         assert body.error_code == ErrorCode.UNSUPPORTED_VERSION
@@ -96,6 +97,7 @@ async def test_unsupported_version_is_answered_and_connection_stays(server: Serv
         await stream.send_all(framed(raw_header(API_VERSIONS, 9, 6)))
         frame = await read_frame(stream, buffer)
         assert frame is not None
+        versions: Any
         correlation, versions = decode_response(frame, API_VERSIONS, 0)
         assert (correlation, int(versions.error_code)) == (6, ErrorCode.UNSUPPORTED_VERSION)
         await stream.send_all(encode_request(API_VERSIONS, 0, 7, "t", api_versions_request(0)))
