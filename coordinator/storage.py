@@ -8,13 +8,17 @@ before any waiter wakes, so the runtime can roll them all back newest first whil
 else runs.
 
 `LogReplayer` loads the log into the core at start-up with the same `replay` used live.
+`compact_periodically` compacts the closed segments in a worker thread, off the request
+path, while the sink keeps appending.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -24,9 +28,16 @@ import trio
 from coordinator.config import ServerConfig
 from coordinator.core.coordinator import GroupCoordinator
 from coordinator.core.result import Record
-from coordinator.log import LogError, LogWriter, read_all
+from coordinator.log import (
+    CompactionReport,
+    LogCorruptError,
+    LogError,
+    LogWriter,
+    compact,
+    read_all,
+)
 from coordinator.log.files import FileLayer
-from protocol.records import decode_record, encode_key, encode_value
+from protocol.records import RecordDecodeError, decode_record, encode_key, encode_value
 
 log = structlog.get_logger("connect_coordinator.storage")
 REPLAY_YIELD_EVERY = 20_000
@@ -141,12 +152,24 @@ class LogReplayer:
 
     async def load(self, core: GroupCoordinator) -> None:
         load = read_all(self.data_dir, self.file_layer)
-        for entry in load:
-            key, value = decode_record(entry.key, entry.value)
-            core.replay(Record(key, value))
-            self.records += 1
-            if self.records % REPLAY_YIELD_EVERY == 0:
-                await trio.sleep(0)  # keep answering COORDINATOR_LOAD_IN_PROGRESS
+        try:
+            for entry in load:
+                try:
+                    key, value = decode_record(entry.key, entry.value)
+                except RecordDecodeError as error:
+                    raise LogCorruptError(
+                        f"{self.data_dir}: the record at offset {entry.offset} does not "
+                        f"decode: {error}", file=str(self.data_dir), position=None) from error
+                core.replay(Record(key, value))
+                self.records += 1
+                if self.records % REPLAY_YIELD_EVERY == 0:
+                    await trio.lowlevel.checkpoint()  # keep answering LOAD_IN_PROGRESS
+        except LogCorruptError as error:
+            # Damage start-up must not repair: say where, once, before the process stops.
+            log.error("log_load_failed", error=str(error), file=error.file,
+                      position=error.position,
+                      hint="inspect with `connect-coordinator log check --data-dir DIR`")
+            raise
         for warning in load.result.warnings:
             log.warning("log_damage_repaired", detail=warning)
         self.writer = LogWriter.open(self.data_dir, file_layer=self.file_layer,
@@ -180,6 +203,43 @@ def snapshot_rows(core: GroupCoordinator, now_ms: int) -> list[dict[str, Any]]:
             rows.append({"kind": "unit", **base, "member_id": holders.get((connector, task)),
                          "connector": connector, "task": task})
     return rows
+
+
+async def compact_once(sink: LogSink, config: ServerConfig, now_ms: int
+                       ) -> CompactionReport | None:
+    """Compact the closed segments once; None when there is no usable writer.
+
+    The writer's durable end bounds what compaction may read of the open segments: a
+    batch a failed fsync is about to roll back must not make an older record look
+    superseded (see `coordinator.log.compaction`).
+    """
+    writer = sink.writer
+    if writer is None or writer.broken:
+        return None
+    started = time.perf_counter()
+    report = await trio.to_thread.run_sync(
+        partial(compact, writer.data_dir, now_ms, config.log_tombstone_retention_ms,
+                writer.file_layer, durable_end_offset=writer.durable_end_offset))
+    log.info("log_compacted", segments_examined=report.segments_examined,
+             segments_rewritten=report.segments_rewritten,
+             segments_removed=report.segments_removed,
+             records_before=report.records_before, records_after=report.records_after,
+             bytes_before=report.bytes_before, bytes_after=report.bytes_after,
+             tombstones_dropped=report.tombstones_dropped,
+             duration_ms=round((time.perf_counter() - started) * 1000, 2))
+    return report
+
+
+async def compact_periodically(sink: LogSink, config: ServerConfig,
+                               now_ms: Callable[[], int]) -> None:
+    """Every log.compaction.interval.ms, compact; a failure is logged and retried later."""
+    while True:
+        await trio.sleep(config.log_compaction_interval_ms / 1000)
+        try:
+            await compact_once(sink, config, now_ms())
+        except Exception:
+            # Compaction only saves space: the log stays correct without it.
+            log.exception("log_compaction_failed")
 
 
 def ensure_data_dir(data_dir: Path) -> None:
