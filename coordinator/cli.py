@@ -168,15 +168,15 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         trio.run(serve_until_signalled)
     except BaseException as raised:  # noqa: B036 - unwrap trio's exception groups
-        error = _first_leaf(raised)
-        if isinstance(error, ConfigError):
-            print(f"connect-coordinator: {error}", file=sys.stderr)
+        leaf = _first_leaf(raised)
+        if isinstance(leaf, ConfigError):
+            print(f"connect-coordinator: {leaf}", file=sys.stderr)
             return 2
-        if isinstance(error, (LogError, OSError)):
+        if isinstance(leaf, (LogError, OSError)):
             # e.g. damage in the middle of the log: start-up stops, naming file and offset
-            print(f"connect-coordinator: cannot start: {error}", file=sys.stderr)
+            print(f"connect-coordinator: cannot start: {leaf}", file=sys.stderr)
             return 1
-        if isinstance(error, KeyboardInterrupt):
+        if isinstance(leaf, KeyboardInterrupt):
             return 0
         raise
     return 0

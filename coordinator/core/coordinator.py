@@ -49,10 +49,10 @@ from coordinator.core.reconcile import (
 )
 from coordinator.core.result import (
     ASSIGNMENT_TIMER,
-    AssignorRun,
     ASSIGNOR_TIMER,
     REVOCATION_TIMER,
     SESSION_TIMER,
+    AssignorRun,
     Event,
     Record,
     Result,
@@ -159,12 +159,18 @@ class GroupCoordinator:
         for group in self.store.groups.values():
             session = self._session_timeout(group)
             for member in group.members.values():
-                timers.append(TimerSet(_timer(SESSION_TIMER, group.group_id, member.member_id),
-                                       now_ms + session))
+                timers.append(
+                    TimerSet(
+                        _timer(SESSION_TIMER, group.group_id, member.member_id), now_ms + session
+                    )
+                )
                 if member.current.state is MemberState.UNREVOKED:
-                    timers.append(TimerSet(
-                        _timer(REVOCATION_TIMER, group.group_id, member.member_id),
-                        now_ms + self._rebalance_timeout(member)))
+                    timers.append(
+                        TimerSet(
+                            _timer(REVOCATION_TIMER, group.group_id, member.member_id),
+                            now_ms + self._rebalance_timeout(member),
+                        )
+                    )
             if group.members and group.epoch > group.assignment_epoch:
                 timers.append(TimerSet(_timer(ASSIGNMENT_TIMER, group.group_id), now_ms))
         return timers
@@ -206,7 +212,9 @@ class GroupCoordinator:
             )
         return change.result(response)
 
-    def _heartbeat(self, request: Any, now_ms: int, change: _Change) -> ConnectGroupHeartbeatResponse:
+    def _heartbeat(
+        self, request: Any, now_ms: int, change: _Change
+    ) -> ConnectGroupHeartbeatResponse:
         owned = validate_heartbeat(request)
         epoch = request.member_epoch
         group_id = request.group_id
@@ -214,8 +222,10 @@ class GroupCoordinator:
         group = self.store.groups.get(group_id)
         if group is None:
             if epoch != JOIN_EPOCH:
-                raise ApiError(ErrorCode.UNKNOWN_MEMBER_ID,
-                               f"group {group_id} does not exist, so has no member {member_id}")
+                raise ApiError(
+                    ErrorCode.UNKNOWN_MEMBER_ID,
+                    f"group {group_id} does not exist, so has no member {member_id}",
+                )
             self._check_assignors(None, request, member_id)
             group = self._create_group(group_id, change)
 
@@ -244,19 +254,28 @@ class GroupCoordinator:
         self._reconcile(group, member, owned, change, now_ms)
         after = member.current
         change.timers.append(
-            TimerSet(_timer(SESSION_TIMER, group_id, member.member_id),
-                     now_ms + self._session_timeout(group)))
+            TimerSet(
+                _timer(SESSION_TIMER, group_id, member.member_id),
+                now_ms + self._session_timeout(group),
+            )
+        )
 
         send_assignment = (
             joined
             or after is not before
             or request.member_epoch != after.epoch
-            or (owned is not None and (owned != after.assigned or request.rebalance_timeout_ms != -1))
+            or (
+                owned is not None
+                and (owned != after.assigned or request.rebalance_timeout_ms != -1)
+            )
         )
         assignment = None
         if send_assignment:
-            part = group.target.get(member.member_id, EMPTY_TARGET) \
-                if after.epoch == group.assignment_epoch else None
+            part = (
+                group.target.get(member.member_id, EMPTY_TARGET)
+                if after.epoch == group.assignment_epoch
+                else None
+            )
             assignment = Assignment(
                 error=after.error,
                 assigned=units_to_wire(after.assigned),
@@ -276,14 +295,24 @@ class GroupCoordinator:
     ) -> ConnectGroupHeartbeatResponse:
         error_code = ErrorCode.NONE
         message = None
-        if member is not None and change is not None and self._should_compute(group, member, now_ms):
+        if (
+            member is not None
+            and change is not None
+            and self._should_compute(group, member, now_ms)
+        ):
             error_code = ErrorCode.COMPUTE_ASSIGNMENT
-            message = (f"compute the target assignment of group {group.group_id} "
-                       f"for group epoch {group.epoch}")
+            message = (
+                f"compute the target assignment of group {group.group_id} "
+                f"for group epoch {group.epoch}"
+            )
             if group.compute_requested_ms is None:
                 group.compute_requested_ms = now_ms
-                change.timers.append(TimerSet(_timer(ASSIGNOR_TIMER, group.group_id),
-                                              now_ms + self._rebalance_timeout(member)))
+                change.timers.append(
+                    TimerSet(
+                        _timer(ASSIGNOR_TIMER, group.group_id),
+                        now_ms + self._rebalance_timeout(member),
+                    )
+                )
                 change.event("compute_assignment_requested", group, member.member_id)
         return ConnectGroupHeartbeatResponse(
             throttle_time_ms=0,
@@ -304,29 +333,41 @@ class GroupCoordinator:
     def _existing_member(self, group: Group, request: Any) -> Member:
         member = group.members.get(request.member_id)
         if member is None:
-            raise ApiError(ErrorCode.UNKNOWN_MEMBER_ID,
-                           f"group {group.group_id} has no member {request.member_id}")
+            raise ApiError(
+                ErrorCode.UNKNOWN_MEMBER_ID,
+                f"group {group.group_id} has no member {request.member_id}",
+            )
         self._check_instance(group, member.member_id, request.instance_id, member)
         return member
 
     @staticmethod
-    def _check_instance(group: Group, member_id: str, instance_id: str | None,
-                        member: Member | None) -> None:
+    def _check_instance(
+        group: Group, member_id: str, instance_id: str | None, member: Member | None
+    ) -> None:
         if instance_id is None:
             return
         holder = group.instances.get(instance_id)
         if holder is not None and holder != member_id:
-            raise ApiError(ErrorCode.FENCED_INSTANCE_ID,
-                           f"instance id {instance_id} belongs to member {holder}, "
-                           f"not {member_id}")
+            raise ApiError(
+                ErrorCode.FENCED_INSTANCE_ID,
+                f"instance id {instance_id} belongs to member {holder}, not {member_id}",
+            )
         own = member.metadata.instance_id if member and member.metadata else None
         if member is not None and own is not None and own != instance_id:
-            raise ApiError(ErrorCode.FENCED_INSTANCE_ID,
-                           f"member {member_id} joined with instance id {own}, "
-                           f"not {instance_id}")
+            raise ApiError(
+                ErrorCode.FENCED_INSTANCE_ID,
+                f"member {member_id} joined with instance id {own}, not {instance_id}",
+            )
 
-    def _check_epoch(self, group: Group, member: Member, epoch: int,
-                     owned: frozenset[Unit] | None, change: _Change, now_ms: int) -> None:
+    def _check_epoch(
+        self,
+        group: Group,
+        member: Member,
+        epoch: int,
+        owned: frozenset[Unit] | None,
+        change: _Change,
+        now_ms: int,
+    ) -> None:
         current = member.current
         if epoch == current.epoch and current.epoch > 0:
             return
@@ -338,13 +379,15 @@ class GroupCoordinator:
         )
         if lost_response:
             return
-        self._remove_member(group, member.member_id, change, now_ms, reason="fenced",
-                            sent_epoch=epoch)
+        self._remove_member(
+            group, member.member_id, change, now_ms, reason="fenced", sent_epoch=epoch
+        )
         self._maybe_new_target(group, change, now_ms)
         raise _Fenced(group, member.member_id, epoch, current.epoch)
 
-    def _join(self, group: Group, request: Any, change: _Change,
-              now_ms: int) -> tuple[Member, bool]:
+    def _join(
+        self, group: Group, request: Any, change: _Change, now_ms: int
+    ) -> tuple[Member, bool]:
         member_id = request.member_id
         instance_id = request.instance_id
         existing = group.members.get(member_id)
@@ -354,37 +397,51 @@ class GroupCoordinator:
             if holder_id is not None and holder_id != member_id:
                 holder = group.members[holder_id]
                 if holder.current.epoch != STATIC_LEAVE_EPOCH:
-                    raise ApiError(ErrorCode.UNRELEASED_INSTANCE_ID,
-                                   f"instance id {instance_id} is still held by active member "
-                                   f"{holder_id}")
+                    raise ApiError(
+                        ErrorCode.UNRELEASED_INSTANCE_ID,
+                        f"instance id {instance_id} is still held by active member {holder_id}",
+                    )
                 return self._replace_static(group, holder, request, change, now_ms), True
-            if existing is not None and existing.metadata and \
-                    existing.metadata.instance_id not in (None, instance_id):
-                raise ApiError(ErrorCode.FENCED_INSTANCE_ID,
-                               f"member {member_id} joined with instance id "
-                               f"{existing.metadata.instance_id}, not {instance_id}")
+            if (
+                existing is not None
+                and existing.metadata
+                and existing.metadata.instance_id not in (None, instance_id)
+            ):
+                raise ApiError(
+                    ErrorCode.FENCED_INSTANCE_ID,
+                    f"member {member_id} joined with instance id "
+                    f"{existing.metadata.instance_id}, not {instance_id}",
+                )
         if existing is not None:
             # Epoch 0 from a known member: it dropped everything and starts again (§5.1).
             if existing.current.held or existing.current.epoch != 0:
-                change.write(current_assignment_record(group.group_id, member_id,
-                                                       CurrentAssignment()))
+                change.write(
+                    current_assignment_record(group.group_id, member_id, CurrentAssignment())
+                )
             change.event("member_rejoined", group, member_id)
             self._update_metadata(group, existing, request, change)
             return existing, True
         if len(group.members) >= self.config.max_size:
-            raise ApiError(ErrorCode.GROUP_MAX_SIZE_REACHED,
-                           f"group {group.group_id} already has the maximum of "
-                           f"{self.config.max_size} members")
+            raise ApiError(
+                ErrorCode.GROUP_MAX_SIZE_REACHED,
+                f"group {group.group_id} already has the maximum of {self.config.max_size} members",
+            )
         metadata = self._metadata_from(None, request)
         change.write(member_metadata_record(group.group_id, member_id, metadata))
         change.write(current_assignment_record(group.group_id, member_id, CurrentAssignment()))
         self._bump(group, change, trigger="join", member_id=member_id)
-        change.event("member_joined", group, member_id, instance_id=instance_id,
-                     worker_url=metadata.worker_url)
+        change.event(
+            "member_joined",
+            group,
+            member_id,
+            instance_id=instance_id,
+            worker_url=metadata.worker_url,
+        )
         return group.members[member_id], True
 
-    def _replace_static(self, group: Group, old: Member, request: Any, change: _Change,
-                        now_ms: int) -> Member:
+    def _replace_static(
+        self, group: Group, old: Member, request: Any, change: _Change, now_ms: int
+    ) -> Member:
         """A new member id takes over a temporarily departed static member, no rebalance."""
         group_id = group.group_id
         new_id = request.member_id
@@ -396,67 +453,94 @@ class GroupCoordinator:
         change.write(member_metadata_record(group_id, new_id, metadata))
         if part is not None:
             change.write(target_member_record(group_id, new_id, part))
-        restored = replace(current, epoch=current.previous_epoch,
-                           previous_epoch=current.previous_epoch)
+        restored = replace(
+            current, epoch=current.previous_epoch, previous_epoch=current.previous_epoch
+        )
         change.write(current_assignment_record(group_id, new_id, restored))
         if old_metadata is None or metadata.assignment_inputs_differ(old_metadata):
             self._bump(group, change, trigger="metadata", member_id=new_id)
-        change.event("static_member_replaced", group, new_id, replaced=old.member_id,
-                     instance_id=metadata.instance_id, member_epoch=restored.epoch)
+        change.event(
+            "static_member_replaced",
+            group,
+            new_id,
+            replaced=old.member_id,
+            instance_id=metadata.instance_id,
+            member_epoch=restored.epoch,
+        )
         return group.members[new_id]
 
-    def _leave_temporarily(self, group: Group, member: Member, change: _Change,
-                           now_ms: int) -> None:
+    def _leave_temporarily(
+        self, group: Group, member: Member, change: _Change, now_ms: int
+    ) -> None:
         current = member.current
         if current.epoch != STATIC_LEAVE_EPOCH:
-            change.write(current_assignment_record(
-                group.group_id, member.member_id,
-                replace(current, epoch=STATIC_LEAVE_EPOCH, previous_epoch=current.epoch)))
+            change.write(
+                current_assignment_record(
+                    group.group_id,
+                    member.member_id,
+                    replace(current, epoch=STATIC_LEAVE_EPOCH, previous_epoch=current.epoch),
+                )
+            )
         # Its units stay put until the session times out or the instance comes back.
-        change.timers.append(TimerSet(_timer(SESSION_TIMER, group.group_id, member.member_id),
-                                      now_ms + self._session_timeout(group)))
-        change.timers.append(TimerCancel(_timer(REVOCATION_TIMER, group.group_id,
-                                                member.member_id)))
+        change.timers.append(
+            TimerSet(
+                _timer(SESSION_TIMER, group.group_id, member.member_id),
+                now_ms + self._session_timeout(group),
+            )
+        )
+        change.timers.append(
+            TimerCancel(_timer(REVOCATION_TIMER, group.group_id, member.member_id))
+        )
         if group.chosen_member == member.member_id:
             group.chosen_member = None
             group.compute_requested_ms = None
-        change.event("member_left_temporarily", group, member.member_id,
-                     member_epoch=current.epoch)
+        change.event("member_left_temporarily", group, member.member_id, member_epoch=current.epoch)
 
     @staticmethod
     def _metadata_from(old: MemberMetadata | None, request: Any) -> MemberMetadata:
         """The member's metadata after this request (unset request fields keep old values)."""
         client = (
-            tuple(AssignorInfo(a.name, a.minimum_version, a.maximum_version, a.reason,
-                               a.version, a.metadata) for a in request.client_assignors)
+            tuple(
+                AssignorInfo(
+                    a.name, a.minimum_version, a.maximum_version, a.reason, a.version, a.metadata
+                )
+                for a in request.client_assignors
+            )
             if request.client_assignors is not None
             else (old.client_assignors if old else ())
         )
-        server = request.server_assignor if request.server_assignor is not None else (
-            old.server_assignor if old else None)
+        server = (
+            request.server_assignor
+            if request.server_assignor is not None
+            else (old.server_assignor if old else None)
+        )
         if request.client_assignors is not None and request.server_assignor is None:
             server = None  # switching to client-side assignment drops the server choice
         if request.server_assignor is not None:
             client = ()
         return MemberMetadata(
-            instance_id=request.instance_id if request.instance_id is not None else (
-                old.instance_id if old else None),
-            worker_url=request.worker_url if request.worker_url is not None else (
-                old.worker_url if old else ""),
+            instance_id=request.instance_id
+            if request.instance_id is not None
+            else (old.instance_id if old else None),
+            worker_url=request.worker_url
+            if request.worker_url is not None
+            else (old.worker_url if old else ""),
             rebalance_timeout_ms=request.rebalance_timeout_ms
-            if request.rebalance_timeout_ms > 0 else (old.rebalance_timeout_ms if old else 60_000),
+            if request.rebalance_timeout_ms > 0
+            else (old.rebalance_timeout_ms if old else 60_000),
             server_assignor=server,
             client_assignors=client,
         )
 
-    def _update_metadata(self, group: Group, member: Member, request: Any,
-                         change: _Change) -> None:
+    def _update_metadata(self, group: Group, member: Member, request: Any, change: _Change) -> None:
         old = member.metadata
         new = self._metadata_from(old, request)
         if new == old:
             return
-        if old is not None and (new.server_assignor != old.server_assignor
-                                or new.client_assignors != old.client_assignors):
+        if old is not None and (
+            new.server_assignor != old.server_assignor
+            or new.client_assignors != old.client_assignors
+        ):
             self._check_assignors(group, request, member.member_id)
         change.write(member_metadata_record(group.group_id, member.member_id, new))
         if old is None or new.assignment_inputs_differ(old):
@@ -465,30 +549,48 @@ class GroupCoordinator:
 
     def _check_assignors(self, group: Group | None, request: Any, member_id: str) -> None:
         """UNSUPPORTED_ASSIGNOR: an unknown server assignor, or client ranges nobody covers."""
-        if request.server_assignor is not None and \
-                request.server_assignor not in self.config.server_assignors:
-            raise ApiError(ErrorCode.UNSUPPORTED_ASSIGNOR,
-                           f"server assignor {request.server_assignor!r} is not supported; "
-                           f"this coordinator offers {list(self.config.server_assignors)}")
+        if (
+            request.server_assignor is not None
+            and request.server_assignor not in self.config.server_assignors
+        ):
+            raise ApiError(
+                ErrorCode.UNSUPPORTED_ASSIGNOR,
+                f"server assignor {request.server_assignor!r} is not supported; "
+                f"this coordinator offers {list(self.config.server_assignors)}",
+            )
         if request.client_assignors is None:
             return
-        metadata = {m.member_id: m.metadata for m in group.members.values()
-                    if m.metadata is not None} if group else {}
+        metadata = (
+            {m.member_id: m.metadata for m in group.members.values() if m.metadata is not None}
+            if group
+            else {}
+        )
         old = metadata.get(member_id)
         metadata[member_id] = self._metadata_from(old, request)
         mode, name = self._select_mode(metadata)
         if mode == CLIENT_MODE and _covering_members(metadata, name) == []:
-            raise ApiError(ErrorCode.UNSUPPORTED_ASSIGNOR,
-                           f"no worker's version range for client assignor {name!r} covers "
-                           "every member's range")
+            raise ApiError(
+                ErrorCode.UNSUPPORTED_ASSIGNOR,
+                f"no worker's version range for client assignor {name!r} covers "
+                "every member's range",
+            )
 
-    def _bump(self, group: Group, change: _Change, trigger: str,
-              member_id: str | None = None) -> None:
+    def _bump(
+        self, group: Group, change: _Change, trigger: str, member_id: str | None = None
+    ) -> None:
         change.write(group_metadata_record(group.group_id, group.epoch + 1))
         change.event("group_epoch_bumped", group, member_id, trigger=trigger)
 
-    def _remove_member(self, group: Group, member_id: str, change: _Change, now_ms: int,
-                       reason: str, bump: bool = True, **fields: Any) -> None:
+    def _remove_member(
+        self,
+        group: Group,
+        member_id: str,
+        change: _Change,
+        now_ms: int,
+        reason: str,
+        bump: bool = True,
+        **fields: Any,
+    ) -> None:
         group_id = group.group_id
         member = group.members[member_id]
         if member_id in group.target:
@@ -503,19 +605,34 @@ class GroupCoordinator:
             group.chosen_member = None
             group.compute_requested_ms = None
             change.timers.append(TimerCancel(_timer(ASSIGNOR_TIMER, group_id)))
-        change.event(f"member_removed_{reason}", group, member_id,
-                     member_epoch=member.current.epoch, **fields)
+        change.event(
+            f"member_removed_{reason}",
+            group,
+            member_id,
+            member_epoch=member.current.epoch,
+            **fields,
+        )
         if bump:
             self._bump(group, change, trigger=reason, member_id=member_id)
 
-    def _reconcile(self, group: Group, member: Member, owned: frozenset[Unit] | None,
-                   change: _Change, now_ms: int) -> None:
+    def _reconcile(
+        self,
+        group: Group,
+        member: Member,
+        owned: frozenset[Unit] | None,
+        change: _Change,
+        now_ms: int,
+    ) -> None:
         before = member.current
         owners = group.owners
         after = reconcile(
-            member.member_id, before, group.assignment_epoch,
-            group.target.get(member.member_id, EMPTY_TARGET), group.assignment_error,
-            owned, owners.get,
+            member.member_id,
+            before,
+            group.assignment_epoch,
+            group.target.get(member.member_id, EMPTY_TARGET),
+            group.assignment_error,
+            owned,
+            owners.get,
         )
         if after is before:
             return
@@ -524,14 +641,24 @@ class GroupCoordinator:
         if after.state is MemberState.UNREVOKED:
             if before.state is not MemberState.UNREVOKED:
                 change.timers.append(TimerSet(key, now_ms + self._rebalance_timeout(member)))
-                change.event("member_revoking", group, member.member_id,
-                             member_epoch=after.epoch, revoking=len(after.pending_revocation))
+                change.event(
+                    "member_revoking",
+                    group,
+                    member.member_id,
+                    member_epoch=after.epoch,
+                    revoking=len(after.pending_revocation),
+                )
         elif before.state is MemberState.UNREVOKED:
             change.timers.append(TimerCancel(key))
         if after.epoch != before.epoch:
-            change.event("member_reached_epoch", group, member.member_id,
-                         member_epoch=after.epoch, state=after.state.name,
-                         assigned=len(after.assigned))
+            change.event(
+                "member_reached_epoch",
+                group,
+                member.member_id,
+                member_epoch=after.epoch,
+                state=after.state.name,
+                assigned=len(after.assigned),
+            )
 
     # ------------------------------------------------------------------ targets
     def _select_mode(self, metadata: Mapping[str, MemberMetadata]) -> tuple[str, str]:
@@ -548,8 +675,14 @@ class GroupCoordinator:
             if common:
                 # Precedence: the lowest summed position over the members' lists.
                 def rank(name: str) -> tuple[int, str]:
-                    return (sum(next(i for i, a in enumerate(assignors) if a.name == name)
-                                for assignors in lists), name)
+                    return (
+                        sum(
+                            next(i for i, a in enumerate(assignors) if a.name == name)
+                            for assignors in lists
+                        ),
+                        name,
+                    )
+
                 return CLIENT_MODE, min(common, key=rank)
         return SERVER_MODE, configured[0]
 
@@ -557,8 +690,9 @@ class GroupCoordinator:
         cached = group.mode_cache
         if cached is not None and cached[0] == group.epoch:
             return cached[1], cached[2]
-        mode, name = self._select_mode({m.member_id: m.metadata for m in group.members.values()
-                                        if m.metadata is not None})
+        mode, name = self._select_mode(
+            {m.member_id: m.metadata for m in group.members.values() if m.metadata is not None}
+        )
         group.mode_cache = (group.epoch, mode, name)
         return mode, name
 
@@ -584,10 +718,14 @@ class GroupCoordinator:
             return
         self._run_server_assignor(group, name, change, now_ms)
 
-    def _choose_worker(self, group: Group, assignor: str, change: _Change,
-                       exclude: str | None) -> None:
-        metadata = {m.member_id: m.metadata for m in group.members.values()
-                    if m.metadata is not None and m.current.epoch != STATIC_LEAVE_EPOCH}
+    def _choose_worker(
+        self, group: Group, assignor: str, change: _Change, exclude: str | None
+    ) -> None:
+        metadata = {
+            m.member_id: m.metadata
+            for m in group.members.values()
+            if m.metadata is not None and m.current.epoch != STATIC_LEAVE_EPOCH
+        }
         candidates = _covering_members(metadata, assignor)
         if exclude is not None and len(candidates) > 1:
             candidates = [c for c in candidates if c != exclude]
@@ -625,8 +763,10 @@ class GroupCoordinator:
                 for m in group.members.values()
             },
             connectors=dict(group.connectors),
-            previous_target={**group.departed_parts,
-                             **{mid: part.units for mid, part in group.target.items()}},
+            previous_target={
+                **group.departed_parts,
+                **{mid: part.units for mid, part in group.target.items()},
+            },
             previous_state=group.assignor_state if group.assignor_name == name else b"",
             now_ms=now_ms,
             scheduled_rebalance_max_delay_ms=self._scheduled_delay(group),
@@ -645,9 +785,9 @@ class GroupCoordinator:
             result = error
         self._apply_run(group, run, result, change, now_ms)
 
-    def complete_assignor_run(self, run: AssignorRun,
-                              outcome: AssignmentResult | BaseException,
-                              now_ms: int) -> Result[None]:
+    def complete_assignor_run(
+        self, run: AssignorRun, outcome: AssignmentResult | BaseException, now_ms: int
+    ) -> Result[None]:
         """An offloaded run landed (or failed, or timed out): apply it with what changed."""
         change = _Change(self.store)
         group = self.store.groups.get(run.group_id)
@@ -658,15 +798,21 @@ class GroupCoordinator:
         self._maybe_new_target(group, change, now_ms)
         return change.result(None)
 
-    def _apply_run(self, group: Group, run: AssignorRun,
-                   outcome: AssignmentResult | BaseException, change: _Change,
-                   now_ms: int) -> None:
+    def _apply_run(
+        self,
+        group: Group,
+        run: AssignorRun,
+        outcome: AssignmentResult | BaseException,
+        change: _Change,
+        now_ms: int,
+    ) -> None:
         name = run.assignor
         if isinstance(outcome, BaseException):
             retry_at = now_ms + max(1_000, self._assignment_interval(group))
             group.retry_after_ms = retry_at  # not before then, however often we are asked
-            change.event("assignor_failed", group, None, assignor=name, error=repr(outcome),
-                         run=run.run_id)
+            change.event(
+                "assignor_failed", group, None, assignor=name, error=repr(outcome), run=run.run_id
+            )
             change.timers.append(TimerSet(_timer(ASSIGNMENT_TIMER, group.group_id), retry_at))
             return
         units = group.units
@@ -684,23 +830,37 @@ class GroupCoordinator:
                     continue
             kept = member_units & units  # units deleted meanwhile are dropped
             if not seen.isdisjoint(kept):
-                change.event("assignor_failed", group, None, assignor=name,
-                             error="assignor gave a unit to two members", run=run.run_id)
+                change.event(
+                    "assignor_failed",
+                    group,
+                    None,
+                    assignor=name,
+                    error="assignor gave a unit to two members",
+                    run=run.run_id,
+                )
                 return
             seen |= kept
             parts[owner] = TargetPart(frozenset(kept))
-        self._install_target(group, change, run.group_epoch, parts, 0, name, now_ms,
-                             outcome.state)
+        self._install_target(group, change, run.group_epoch, parts, 0, name, now_ms, outcome.state)
         for member_id in run.spec.previous_target:
             group.departed_parts.pop(member_id, None)
         if outcome.rerun_at_ms is not None:
-            change.timers.append(TimerSet(_timer(ASSIGNMENT_TIMER, group.group_id),
-                                          max(outcome.rerun_at_ms, now_ms)))
+            change.timers.append(
+                TimerSet(_timer(ASSIGNMENT_TIMER, group.group_id), max(outcome.rerun_at_ms, now_ms))
+            )
         group.rerun_at_ms = outcome.rerun_at_ms
 
-    def _install_target(self, group: Group, change: _Change, epoch: int,
-                        parts: Mapping[str, TargetPart], error: int, assignor: str | None,
-                        now_ms: int, state: bytes) -> None:
+    def _install_target(
+        self,
+        group: Group,
+        change: _Change,
+        epoch: int,
+        parts: Mapping[str, TargetPart],
+        error: int,
+        assignor: str | None,
+        now_ms: int,
+        state: bytes,
+    ) -> None:
         group_id = group.group_id
         for member_id in group.members:
             new = parts.get(member_id, EMPTY_TARGET)
@@ -710,8 +870,15 @@ class GroupCoordinator:
             change.write(target_member_record(group_id, member_id, None))
         change.write(target_metadata_record(group_id, epoch, error, assignor, now_ms, state))
         assigned = sum(len(p.units) for p in parts.values())
-        change.event("target_installed", group, None, assignor=assignor, error=error,
-                     assigned=assigned, unassigned=len(group.units) - assigned)
+        change.event(
+            "target_installed",
+            group,
+            None,
+            assignor=assignor,
+            error=error,
+            assigned=assigned,
+            unassigned=len(group.units) - assigned,
+        )
 
     # ------------------------------------------------------------------ client-side flow
     def _assignment_caller(self, request: Any) -> tuple[Group, Member]:
@@ -720,68 +887,94 @@ class GroupCoordinator:
             raise ApiError(ErrorCode.GROUP_ID_NOT_FOUND, f"group {request.group_id} does not exist")
         member = group.members.get(request.member_id)
         if member is None:
-            raise ApiError(ErrorCode.UNKNOWN_MEMBER_ID,
-                           f"group {group.group_id} has no member {request.member_id}")
+            raise ApiError(
+                ErrorCode.UNKNOWN_MEMBER_ID,
+                f"group {group.group_id} has no member {request.member_id}",
+            )
         if request.member_epoch != member.current.epoch:
-            raise ApiError(ErrorCode.FENCED_MEMBER_EPOCH,
-                           f"member epoch {request.member_epoch} is not the member's current "
-                           f"epoch {member.current.epoch}")
+            raise ApiError(
+                ErrorCode.FENCED_MEMBER_EPOCH,
+                f"member epoch {request.member_epoch} is not the member's current "
+                f"epoch {member.current.epoch}",
+            )
         if group.chosen_member != member.member_id:
-            raise ApiError(ErrorCode.UNKNOWN_MEMBER_ID,
-                           f"member {member.member_id} is not the worker chosen to compute the "
-                           f"assignment of group {group.group_id}")
+            raise ApiError(
+                ErrorCode.UNKNOWN_MEMBER_ID,
+                f"member {member.member_id} is not the worker chosen to compute the "
+                f"assignment of group {group.group_id}",
+            )
         return group, member
 
-    def prepare_assignment(self, request: Any, now_ms: int
-                           ) -> Result[ConnectGroupPrepareAssignmentResponse]:
+    def prepare_assignment(
+        self, request: Any, now_ms: int
+    ) -> Result[ConnectGroupPrepareAssignmentResponse]:
         change = _Change(self.store)
         try:
             validate_assignment_caller(request)
             group, _member = self._assignment_caller(request)
             mode, name = self._group_mode(group)
             if mode != CLIENT_MODE:
-                raise ApiError(ErrorCode.UNKNOWN_MEMBER_ID,
-                               f"group {group.group_id} is assigned on the server")
+                raise ApiError(
+                    ErrorCode.UNKNOWN_MEMBER_ID, f"group {group.group_id} is assigned on the server"
+                )
             members = []
             for m in sorted(group.members.values(), key=lambda m: m.member_id):
                 md = m.metadata
-                info = next((a for a in md.client_assignors if a.name == name), None) if md \
-                    else None
-                members.append(PreparedMember(
-                    member_id=m.member_id,
-                    member_epoch=m.current.epoch,
-                    instance_id=md.instance_id if md else None,
-                    worker_url=md.worker_url if md else "",
-                    assignor=MemberAssignor(
-                        version=info.version if info else 0,
-                        reason=info.reason if info else 0,
-                        metadata=info.metadata if info else b""),
-                    target=units_to_wire(group.target.get(m.member_id, EMPTY_TARGET).units),
-                ))
-            group.prepared = PreparedAssignment(group.epoch, frozenset(group.members),
-                                                group.units, name)
+                info = (
+                    next((a for a in md.client_assignors if a.name == name), None) if md else None
+                )
+                members.append(
+                    PreparedMember(
+                        member_id=m.member_id,
+                        member_epoch=m.current.epoch,
+                        instance_id=md.instance_id if md else None,
+                        worker_url=md.worker_url if md else "",
+                        assignor=MemberAssignor(
+                            version=info.version if info else 0,
+                            reason=info.reason if info else 0,
+                            metadata=info.metadata if info else b"",
+                        ),
+                        target=units_to_wire(group.target.get(m.member_id, EMPTY_TARGET).units),
+                    )
+                )
+            group.prepared = PreparedAssignment(
+                group.epoch, frozenset(group.members), group.units, name
+            )
             change.event("assignment_prepared", group, request.member_id, assignor=name)
             response = ConnectGroupPrepareAssignmentResponse(
-                throttle_time_ms=0, error_code=0, error_message=None, group_epoch=group.epoch,
-                assignor_name=name, connectors_and_tasks=units_to_wire(group.units),
-                members=tuple(members))
+                throttle_time_ms=0,
+                error_code=0,
+                error_message=None,
+                group_epoch=group.epoch,
+                assignor_name=name,
+                connectors_and_tasks=units_to_wire(group.units),
+                members=tuple(members),
+            )
         except ApiError as error:
             response = ConnectGroupPrepareAssignmentResponse(
-                throttle_time_ms=0, error_code=int(error.code), error_message=error.message,
-                group_epoch=-1, assignor_name="", connectors_and_tasks=units_to_wire(EMPTY),
-                members=())
+                throttle_time_ms=0,
+                error_code=int(error.code),
+                error_message=error.message,
+                group_epoch=-1,
+                assignor_name="",
+                connectors_and_tasks=units_to_wire(EMPTY),
+                members=(),
+            )
         return change.result(response)
 
-    def install_assignment(self, request: Any, now_ms: int
-                           ) -> Result[ConnectGroupInstallAssignmentResponse]:
+    def install_assignment(
+        self, request: Any, now_ms: int
+    ) -> Result[ConnectGroupInstallAssignmentResponse]:
         change = _Change(self.store)
         try:
             self._install(request, change, now_ms)
             response = ConnectGroupInstallAssignmentResponse(
-                throttle_time_ms=0, error_code=0, error_message=None)
+                throttle_time_ms=0, error_code=0, error_message=None
+            )
         except ApiError as error:
             response = ConnectGroupInstallAssignmentResponse(
-                throttle_time_ms=0, error_code=int(error.code), error_message=error.message)
+                throttle_time_ms=0, error_code=int(error.code), error_message=error.message
+            )
         return change.result(response)
 
     def _install(self, request: Any, change: _Change, now_ms: int) -> None:
@@ -790,13 +983,17 @@ class GroupCoordinator:
         prepared = group.prepared
         if prepared is None or prepared.group_epoch != request.group_epoch:
             handed = "nothing" if prepared is None else f"group epoch {prepared.group_epoch}"
-            raise ApiError(ErrorCode.INVALID_ASSIGNMENT,
-                           f"GroupEpoch {request.group_epoch} was not handed out by "
-                           f"ConnectGroupPrepareAssignment (it handed out {handed})")
+            raise ApiError(
+                ErrorCode.INVALID_ASSIGNMENT,
+                f"GroupEpoch {request.group_epoch} was not handed out by "
+                f"ConnectGroupPrepareAssignment (it handed out {handed})",
+            )
         if request.group_epoch <= group.assignment_epoch:
-            raise ApiError(ErrorCode.INVALID_ASSIGNMENT,
-                           f"group epoch {request.group_epoch} is not newer than the target "
-                           f"assignment's epoch {group.assignment_epoch}")
+            raise ApiError(
+                ErrorCode.INVALID_ASSIGNMENT,
+                f"group epoch {request.group_epoch} is not newer than the target "
+                f"assignment's epoch {group.assignment_epoch}",
+            )
         if request.error != 0:
             # The assignor failed: keep the current target, tell the members the error.
             parts = {mid: part for mid, part in group.target.items() if mid in group.members}
@@ -805,30 +1002,45 @@ class GroupCoordinator:
         seen: set[Unit] = set()
         for member_id, (units, _version, _metadata) in parts_in.items():
             if member_id not in prepared.member_ids:
-                raise ApiError(ErrorCode.INVALID_ASSIGNMENT,
-                               f"member {member_id} was not in the group at epoch "
-                               f"{prepared.group_epoch}")
+                raise ApiError(
+                    ErrorCode.INVALID_ASSIGNMENT,
+                    f"member {member_id} was not in the group at epoch {prepared.group_epoch}",
+                )
             unknown = units - prepared.units
             if unknown:
-                raise ApiError(ErrorCode.INVALID_ASSIGNMENT,
-                               f"member {member_id} is given {_describe_units(unknown)}, which "
-                               "the group does not run")
+                raise ApiError(
+                    ErrorCode.INVALID_ASSIGNMENT,
+                    f"member {member_id} is given {_describe_units(unknown)}, which "
+                    "the group does not run",
+                )
             twice = units & seen
             if twice:
-                raise ApiError(ErrorCode.INVALID_ASSIGNMENT,
-                               f"{_describe_units(twice)} is given to more than one member")
+                raise ApiError(
+                    ErrorCode.INVALID_ASSIGNMENT,
+                    f"{_describe_units(twice)} is given to more than one member",
+                )
             seen |= units
         # Members that left since Prepare lose their part (a new assignment follows).
-        parts = {mid: TargetPart(units, version, metadata)
-                 for mid, (units, version, metadata) in parts_in.items()
-                 if mid in group.members}
+        parts = {
+            mid: TargetPart(units, version, metadata)
+            for mid, (units, version, metadata) in parts_in.items()
+            if mid in group.members
+        }
         self._finish_install(group, change, request, parts, 0, prepared, now_ms)
 
-    def _finish_install(self, group: Group, change: _Change, request: Any,
-                        parts: Mapping[str, TargetPart], error: int,
-                        prepared: PreparedAssignment, now_ms: int) -> None:
-        self._install_target(group, change, request.group_epoch, parts, error,
-                             prepared.assignor_name, now_ms, b"")
+    def _finish_install(
+        self,
+        group: Group,
+        change: _Change,
+        request: Any,
+        parts: Mapping[str, TargetPart],
+        error: int,
+        prepared: PreparedAssignment,
+        now_ms: int,
+    ) -> None:
+        self._install_target(
+            group, change, request.group_epoch, parts, error, prepared.assignor_name, now_ms, b""
+        )
         group.prepared = None
         group.compute_requested_ms = None
         change.timers.append(TimerCancel(_timer(ASSIGNOR_TIMER, group.group_id)))
@@ -861,8 +1073,12 @@ class GroupCoordinator:
                     self._choose_worker(group, name, change, exclude=chosen)
         elif kind == ASSIGNMENT_TIMER:
             rerun = group.rerun_at_ms
-            if rerun is not None and now_ms >= rerun and group.epoch == group.assignment_epoch \
-                    and group.members:
+            if (
+                rerun is not None
+                and now_ms >= rerun
+                and group.epoch == group.assignment_epoch
+                and group.members
+            ):
                 group.rerun_at_ms = None
                 self._bump(group, change, trigger="assignor_rerun")
             self._maybe_new_target(group, change, now_ms)
@@ -875,10 +1091,19 @@ class GroupCoordinator:
             try:
                 groups.append(self.describe_group(group_id))
             except ApiError as error:
-                groups.append(DescribedGroup(
-                    error_code=int(error.code), error_message=error.message, group_id=group_id,
-                    group_state="DEAD", group_epoch=-1, assignment_epoch=-1, assignor_name=None,
-                    connectors_and_tasks=units_to_wire(EMPTY), members=()))
+                groups.append(
+                    DescribedGroup(
+                        error_code=int(error.code),
+                        error_message=error.message,
+                        group_id=group_id,
+                        group_state="DEAD",
+                        group_epoch=-1,
+                        assignment_epoch=-1,
+                        assignor_name=None,
+                        connectors_and_tasks=units_to_wire(EMPTY),
+                        members=(),
+                    )
+                )
         return ConnectGroupDescribeResponse(throttle_time_ms=0, groups=tuple(groups))
 
     def describe_group(self, group_id: str) -> DescribedGroup:
@@ -890,24 +1115,32 @@ class GroupCoordinator:
         members = []
         for m in sorted(group.members.values(), key=lambda m: m.member_id):
             current = m.current
-            members.append(DescribedMember(
-                member_id=m.member_id,
-                instance_id=m.metadata.instance_id if m.metadata else None,
-                worker_url=m.metadata.worker_url if m.metadata else "",
-                member_epoch=current.epoch,
-                member_state=current.state.name if m.metadata else "UNKNOWN",
-                assigned=units_to_wire(current.assigned),
-                pending_revocation=units_to_wire(current.pending_revocation),
-                target=units_to_wire(group.target.get(m.member_id, EMPTY_TARGET).units),
-            ))
+            members.append(
+                DescribedMember(
+                    member_id=m.member_id,
+                    instance_id=m.metadata.instance_id if m.metadata else None,
+                    worker_url=m.metadata.worker_url if m.metadata else "",
+                    member_epoch=current.epoch,
+                    member_state=current.state.name if m.metadata else "UNKNOWN",
+                    assigned=units_to_wire(current.assigned),
+                    pending_revocation=units_to_wire(current.pending_revocation),
+                    target=units_to_wire(group.target.get(m.member_id, EMPTY_TARGET).units),
+                )
+            )
         assignor = group.assignor_name
         if group.members:
             assignor = self._group_mode(group)[1]
         return DescribedGroup(
-            error_code=0, error_message=None, group_id=group_id, group_state=group.state,
-            group_epoch=group.epoch, assignment_epoch=group.assignment_epoch,
-            assignor_name=assignor, connectors_and_tasks=units_to_wire(group.units),
-            members=tuple(members))
+            error_code=0,
+            error_message=None,
+            group_id=group_id,
+            group_state=group.state,
+            group_epoch=group.epoch,
+            assignment_epoch=group.assignment_epoch,
+            assignor_name=assignor,
+            connectors_and_tasks=units_to_wire(group.units),
+            members=tuple(members),
+        )
 
     def unassigned_units(self, group_id: str) -> frozenset[Unit]:
         """Units in no member's target (e.g. left out on purpose by a client assignor)."""
@@ -944,8 +1177,9 @@ class GroupCoordinator:
             raise ApiError(ErrorCode.GROUP_ID_NOT_FOUND, f"group {group_id} does not exist")
         return group
 
-    def put_connector(self, group_id: str, connector: str, tasks: int,
-                      now_ms: int) -> Result[dict[str, Any]]:
+    def put_connector(
+        self, group_id: str, connector: str, tasks: int, now_ms: int
+    ) -> Result[dict[str, Any]]:
         if not connector:
             raise invalid("connector name must be non-empty")
         if isinstance(tasks, bool) or not isinstance(tasks, int) or not 0 <= tasks <= 100_000:
@@ -960,15 +1194,24 @@ class GroupCoordinator:
             self._bump(group, change, trigger="connectors")
             change.event("connector_set", group, None, connector=connector, tasks=tasks)
             self._maybe_new_target(group, change, now_ms)
-        return change.result({"group": group_id, "connector": connector, "tasks": tasks,
-                              "changed": changed, "group_epoch": group.epoch})
+        return change.result(
+            {
+                "group": group_id,
+                "connector": connector,
+                "tasks": tasks,
+                "changed": changed,
+                "group_epoch": group.epoch,
+            }
+        )
 
-    def delete_connector(self, group_id: str, connector: str,
-                         now_ms: int) -> Result[dict[str, Any]]:
+    def delete_connector(
+        self, group_id: str, connector: str, now_ms: int
+    ) -> Result[dict[str, Any]]:
         group = self._existing_group(group_id)
         if connector not in group.connectors:
-            raise ApiError(ErrorCode.GROUP_ID_NOT_FOUND,
-                           f"group {group_id} has no connector {connector}")
+            raise ApiError(
+                ErrorCode.GROUP_ID_NOT_FOUND, f"group {group_id} has no connector {connector}"
+            )
         change = _Change(self.store)
         connectors = dict(group.connectors)
         del connectors[connector]
@@ -976,11 +1219,13 @@ class GroupCoordinator:
         self._bump(group, change, trigger="connectors")
         change.event("connector_deleted", group, None, connector=connector)
         self._maybe_new_target(group, change, now_ms)
-        return change.result({"group": group_id, "connector": connector, "deleted": True,
-                              "group_epoch": group.epoch})
+        return change.result(
+            {"group": group_id, "connector": connector, "deleted": True, "group_epoch": group.epoch}
+        )
 
-    def remove_static_members(self, group_id: str, members: Sequence[tuple[str, str | None]],
-                              now_ms: int) -> Result[dict[str, Any]]:
+    def remove_static_members(
+        self, group_id: str, members: Sequence[tuple[str, str | None]], now_ms: int
+    ) -> Result[dict[str, Any]]:
         group = self._existing_group(group_id)
         change = _Change(self.store)
         answers = []
@@ -995,32 +1240,51 @@ class GroupCoordinator:
                 code = ErrorCode.FENCED_INSTANCE_ID
                 message = f"instance id {instance_id} belongs to member {holder}, not {member_id}"
             else:
-                self._remove_member(group, holder, change, now_ms, reason="admin_removal",
-                                    bump=False)
+                self._remove_member(
+                    group, holder, change, now_ms, reason="admin_removal", bump=False
+                )
                 removed += 1
-            answers.append({"instance_id": instance_id, "member_id": member_id or holder,
-                            "error_code": int(code), "error": code.name, "message": message})
+            answers.append(
+                {
+                    "instance_id": instance_id,
+                    "member_id": member_id or holder,
+                    "error_code": int(code),
+                    "error": code.name,
+                    "message": message,
+                }
+            )
         if removed:
             self._bump(group, change, trigger="admin_removal")
             self._maybe_new_target(group, change, now_ms)
-        return change.result({"group": group_id, "members": answers, "removed": removed,
-                              "group_epoch": group.epoch})
+        return change.result(
+            {"group": group_id, "members": answers, "removed": removed, "group_epoch": group.epoch}
+        )
 
-    def set_group_config(self, group_id: str, body: Mapping[str, Any],
-                         now_ms: int) -> Result[dict[str, Any]]:
-        current = self.store.groups[group_id].config if group_id in self.store.groups \
-            else GroupConfig()
+    def set_group_config(
+        self, group_id: str, body: Mapping[str, Any], now_ms: int
+    ) -> Result[dict[str, Any]]:
+        current = (
+            self.store.groups[group_id].config if group_id in self.store.groups else GroupConfig()
+        )
         try:
             config = parse_group_config(body, current)
         except ConfigError as error:
             raise invalid(str(error)) from None
-        session = config.session_timeout_ms if config.session_timeout_ms > 0 \
+        session = (
+            config.session_timeout_ms
+            if config.session_timeout_ms > 0
             else self.config.session_timeout_ms
-        interval = config.heartbeat_interval_ms if config.heartbeat_interval_ms > 0 \
+        )
+        interval = (
+            config.heartbeat_interval_ms
+            if config.heartbeat_interval_ms > 0
             else self.config.heartbeat_interval_ms
+        )
         if interval >= session:
-            raise invalid(f"the heartbeat interval ({interval} ms) must be below the session "
-                          f"timeout ({session} ms)")
+            raise invalid(
+                f"the heartbeat interval ({interval} ms) must be below the session "
+                f"timeout ({session} ms)"
+            )
         change = _Change(self.store)
         group = self._group_or_create(group_id, change)
         if config != group.config:
@@ -1034,8 +1298,10 @@ class GroupCoordinator:
     def delete_group(self, group_id: str, now_ms: int) -> Result[dict[str, Any]]:
         group = self._existing_group(group_id)
         if group.members:
-            raise ApiError(ErrorCode.NON_EMPTY_GROUP,
-                           f"group {group_id} still has {len(group.members)} member(s)")
+            raise ApiError(
+                ErrorCode.NON_EMPTY_GROUP,
+                f"group {group_id} still has {len(group.members)} member(s)",
+            )
         change = _Change(self.store)
         change.event("group_deleted", group)
         group.assignor_run = None
@@ -1052,9 +1318,11 @@ class GroupCoordinator:
 
 class _Fenced(ApiError):
     def __init__(self, group: Group, member_id: str, sent: int, expected: int) -> None:
-        super().__init__(ErrorCode.FENCED_MEMBER_EPOCH,
-                         f"member {member_id} sent epoch {sent} but its epoch is {expected}; "
-                         "it was removed from the group and must rejoin with epoch 0")
+        super().__init__(
+            ErrorCode.FENCED_MEMBER_EPOCH,
+            f"member {member_id} sent epoch {sent} but its epoch is {expected}; "
+            "it was removed from the group and must rejoin with epoch 0",
+        )
 
 
 def _covering_members(metadata: Mapping[str, MemberMetadata], assignor: str) -> list[str]:

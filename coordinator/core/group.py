@@ -198,7 +198,9 @@ class GroupStore:
         match key:
             case ConnectGroupMetadataKey():
                 group = self.groups.get(key.group_id)
-                return group_metadata_record(key.group_id, group.epoch) if group else Record(key, None)
+                return (
+                    group_metadata_record(key.group_id, group.epoch) if group else Record(key, None)
+                )
             case ConnectGroupConnectorsKey():
                 group = self.groups.get(key.group_id)
                 return connectors_record(key.group_id, group.connectors if group else None)
@@ -221,8 +223,12 @@ class GroupStore:
                 if group is None:
                     return Record(key, None)
                 return target_metadata_record(
-                    key.group_id, group.assignment_epoch, group.assignment_error,
-                    group.assignor_name, group.last_assignment_ms, group.assignor_state,
+                    key.group_id,
+                    group.assignment_epoch,
+                    group.assignment_error,
+                    group.assignor_name,
+                    group.last_assignment_ms,
+                    group.assignor_state,
                 )
             case ConnectGroupConfigurationKey():
                 group = self.groups.get(key.group_id)
@@ -405,10 +411,14 @@ class GroupStore:
 
 
 def group_metadata_record(group_id: str, epoch: int) -> Record:
-    return Record(ConnectGroupMetadataKey(group_id=group_id), ConnectGroupMetadataValue(epoch=epoch))
+    return Record(
+        ConnectGroupMetadataKey(group_id=group_id), ConnectGroupMetadataValue(epoch=epoch)
+    )
 
 
-def member_metadata_record(group_id: str, member_id: str, metadata: MemberMetadata | None) -> Record:
+def member_metadata_record(
+    group_id: str, member_id: str, metadata: MemberMetadata | None
+) -> Record:
     from protocol.messages.connect_group_member_metadata_value import ClientAssignor
 
     key = ConnectGroupMemberMetadataKey(group_id=group_id, member_id=member_id)

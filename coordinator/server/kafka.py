@@ -12,8 +12,8 @@ from typing import Any
 import structlog
 import trio
 
-from coordinator.server.runtime import NotDurable, Runtime
 from coordinator.metrics import api_name
+from coordinator.server.runtime import NotDurable, Runtime
 from protocol.errors import ErrorCode
 from protocol.fastpath import encode_plain_heartbeat_response
 from protocol.framing import (
