@@ -242,6 +242,8 @@ class GroupStore:
     def replay(self, record: Record) -> None:
         key = record.key
         value = record.value
+        if value is None and key.group_id not in self.groups:
+            return  # a tombstone for a group that is gone deletes nothing (and creates nothing)
         match key:
             case ConnectGroupMetadataKey():
                 if value is None:

@@ -1,0 +1,1 @@
+"""End-to-end durability tests: real files with fsync, real TCP, real processes."""
