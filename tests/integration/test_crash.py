@@ -4,6 +4,7 @@ is there and no unit has two owners."""
 
 from __future__ import annotations
 
+import http.client
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +22,9 @@ SETTINGS = ["group.connect.assignment.interval.ms=0",
             "group.connect.server.assignors=balanced",
             "log.segment.bytes=4096"]
 CONNECTORS = ["c1", "c2", "c3"]
-LOST = (OSError, ConnectionError, trio.BrokenResourceError, trio.ClosedResourceError)
+# What a request sees when the server dies under it (an HTTP answer cut short included).
+LOST = (OSError, ConnectionError, http.client.HTTPException, trio.BrokenResourceError,
+        trio.ClosedResourceError)
 
 
 @dataclass
