@@ -19,7 +19,7 @@ EPILOG = """\
 commands:
   serve      run the coordinator (KRPC listener, admin HTTP API, durable log)
   describe   show groups, their epochs and members' assignments
-  bench      benchmarks: codec | assignor | heartbeats | core | log
+  bench      benchmarks: codec | core | heartbeats | assignor | log | replay
   log        log tools: check | dump | compact | snapshot
 
 Run `connect-coordinator COMMAND --help` for the options of each command.
@@ -71,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     _describe_parser(commands)
     bench = commands.add_parser("bench", help="benchmarks (see BENCHMARKS.md)",
                                 description="Benchmarks; each takes --help.")
-    bench.add_argument("which", choices=["codec", "assignor", "heartbeats", "core", "log"])
+    bench.add_argument("which", choices=sorted(BENCHES))
     bench.add_argument("rest", nargs=argparse.REMAINDER)
     tools = commands.add_parser("log", help="log tools: check, dump, compact, snapshot",
                                 description="Tools for the record log in --data-dir.")
@@ -92,6 +92,7 @@ BENCHES: dict[str, str] = {
     "heartbeats": "coordinator.server.bench_heartbeats",
     "core": "coordinator.core.bench",
     "log": "coordinator.log.bench",
+    "replay": "coordinator.replay_bench",
 }
 
 
