@@ -12,6 +12,7 @@ import json
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import trio
 
@@ -33,7 +34,7 @@ def build_log(data_dir: Path, records: int) -> int:
     writer = LogWriter.open(data_dir)
     written = 0
 
-    def emit(result: Result[object]) -> None:
+    def emit(result: Result[Any]) -> None:
         nonlocal written
         if result.records:
             writer.append(encode_records(result.records), NOW_MS)
