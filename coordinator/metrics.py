@@ -148,6 +148,28 @@ class Metrics:
             ["outcome"],
             registry=registry,
         )
+        self.assignor_run_seconds = Histogram(
+            PREFIX + "assignor_run_seconds",
+            "Time an offloaded assignor run took in its worker process, by assignor.",
+            ["assignor"],
+            registry=registry,
+        )
+        self.assignor_queue_seconds = Histogram(
+            PREFIX + "assignor_queue_seconds",
+            "Time an assignor run waited for a free worker process.",
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.assignor_runs_in_flight = Gauge(
+            PREFIX + "assignor_runs_in_flight",
+            "Assignor runs started and not finished (queued or running).",
+            registry=registry,
+        )
+        self.assignor_pool_busy_ratio = Gauge(
+            PREFIX + "assignor_pool_busy_ratio",
+            "Share of the assignor worker processes busy right now.",
+            registry=registry,
+        )
         self.ready = Gauge(
             PREFIX + "ready", "1 once the log is loaded and requests are served.",
             registry=registry,

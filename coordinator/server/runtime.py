@@ -436,16 +436,30 @@ class Runtime:
         timeout_s = self.config.assignor_run_timeout_ms / 1000.0
         started = time.perf_counter()
         label = "ok"
+        metrics = self.metrics
+        metrics.assignor_runs_in_flight.inc()
         with trio.move_on_after(timeout_s) as scope:
             try:
                 assert self._worker_context is not None
-                outcome = await self._worker_context.run_sync(
-                    run_assignor_in_worker, assignor, run.spec,
-                    kill_on_cancel=True, limiter=self._limiter,
-                )
+                async with self._limiter:  # waiting here is queueing for a worker process
+                    metrics.assignor_queue_seconds.observe(time.perf_counter() - started)
+                    metrics.assignor_pool_busy_ratio.set(
+                        self._limiter.borrowed_tokens / self._limiter.total_tokens)
+                    running = time.perf_counter()
+                    try:
+                        outcome = await self._worker_context.run_sync(
+                            run_assignor_in_worker, assignor, run.spec,
+                            kill_on_cancel=True, limiter=trio.CapacityLimiter(1),
+                        )
+                    finally:
+                        metrics.assignor_run_seconds.labels(run.assignor).observe(
+                            time.perf_counter() - running)
+                metrics.assignor_pool_busy_ratio.set(
+                    self._limiter.borrowed_tokens / self._limiter.total_tokens)
             except Exception as error:  # a failing plug-in assignor is reported, not fatal
                 outcome = error
                 label = "failed"
+        metrics.assignor_runs_in_flight.dec()
         if scope.cancelled_caught:
             outcome = AssignorTimeout(
                 f"assignor {run.assignor} ran longer than {self.config.assignor_run_timeout_ms} ms"

@@ -224,6 +224,15 @@ async def test_heartbeats_are_answered_while_a_slow_run_is_in_flight(
             assert w1.owned.isdisjoint(w2.owned)
             runs = await assignor_runs(handle)
             assert runs == {"ok": 2, "failed": 0, "timeout": 0}
+            # The pool's own metrics saw both runs, the slow one for at least its sleep.
+            status, text = await http(handle, "GET", "/metrics")
+            samples = dict(re.findall(
+                r"^(connect_coordinator_assignor_\S+) (\S+)$", text, re.MULTILINE))
+            assert float(samples["connect_coordinator_assignor_queue_seconds_count"]) == 2
+            assert float(samples[
+                'connect_coordinator_assignor_run_seconds_sum{assignor="slow"}']) >= 1.4
+            assert float(samples["connect_coordinator_assignor_runs_in_flight"]) == 0
+            assert float(samples["connect_coordinator_assignor_pool_busy_ratio"]) == 0
 
 
 # ---------------------------------------------------------------------------- 2. batching
