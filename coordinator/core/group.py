@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from coordinator.config import GroupConfig
-from coordinator.core.reconcile import EMPTY, CurrentAssignment, MemberState, TargetPart
+from coordinator.core.reconcile import CurrentAssignment, MemberState, TargetPart
 from coordinator.core.result import Record
 from coordinator.units import CONNECTOR, Unit, units_of
 from protocol.messages import (
@@ -532,6 +532,3 @@ def configuration_record(group_id: str, config: GroupConfig | None) -> Record:
             assignor_offload_enable=-1 if offload is None else int(offload),
         ),
     )
-
-
-EMPTY_UNITS = EMPTY
