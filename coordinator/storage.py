@@ -152,18 +152,27 @@ class LogReplayer:
 
     async def load(self, core: GroupCoordinator) -> None:
         load = read_all(self.data_dir, self.file_layer)
+        # State is a function of the newest record per key (what compaction keeps), so
+        # only those are decoded and replayed, in the order of their last write: the
+        # same as replaying a fully compacted log, without decoding superseded values.
+        newest: dict[bytes, tuple[int, bytes | None]] = {}
         try:
             for entry in load:
-                try:
-                    key, value = decode_record(entry.key, entry.value)
-                except RecordDecodeError as error:
-                    raise LogCorruptError(
-                        f"{self.data_dir}: the record at offset {entry.offset} does not "
-                        f"decode: {error}", file=str(self.data_dir), position=None) from error
-                core.replay(Record(key, value))
+                newest.pop(entry.key, None)
+                newest[entry.key] = (entry.offset, entry.value)
                 self.records += 1
                 if self.records % REPLAY_YIELD_EVERY == 0:
                     await trio.lowlevel.checkpoint()  # keep answering LOAD_IN_PROGRESS
+            for replayed, (key_bytes, (offset, value_bytes)) in enumerate(newest.items()):
+                try:
+                    key, value = decode_record(key_bytes, value_bytes)
+                except RecordDecodeError as error:
+                    raise LogCorruptError(
+                        f"{self.data_dir}: the record at offset {offset} does not "
+                        f"decode: {error}", file=str(self.data_dir), position=None) from error
+                core.replay(Record(key, value))
+                if replayed % REPLAY_YIELD_EVERY == 0:
+                    await trio.lowlevel.checkpoint()
         except LogCorruptError as error:
             # Damage start-up must not repair: say where, once, before the process stops.
             log.error("log_load_failed", error=str(error), file=error.file,
