@@ -383,7 +383,11 @@ class GroupCoordinator:
             group, member.member_id, change, now_ms, reason="fenced", sent_epoch=epoch
         )
         self._maybe_new_target(group, change, now_ms)
-        raise _Fenced(group, member.member_id, epoch, current.epoch)
+        raise ApiError(
+            ErrorCode.FENCED_MEMBER_EPOCH,
+            f"member {member.member_id} sent epoch {epoch} but its epoch is {current.epoch}; "
+            "it was removed from the group and must rejoin with epoch 0",
+        )
 
     def _join(
         self, group: Group, request: Any, change: _Change, now_ms: int
@@ -1314,15 +1318,6 @@ class GroupCoordinator:
         change.timers.append(TimerCancel(_timer(ASSIGNMENT_TIMER, group_id)))
         change.timers.append(TimerCancel(_timer(ASSIGNOR_TIMER, group_id)))
         return change.result({"group": group_id, "deleted": True})
-
-
-class _Fenced(ApiError):
-    def __init__(self, group: Group, member_id: str, sent: int, expected: int) -> None:
-        super().__init__(
-            ErrorCode.FENCED_MEMBER_EPOCH,
-            f"member {member_id} sent epoch {sent} but its epoch is {expected}; "
-            "it was removed from the group and must rejoin with epoch 0",
-        )
 
 
 def _covering_members(metadata: Mapping[str, MemberMetadata], assignor: str) -> list[str]:

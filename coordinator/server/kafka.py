@@ -44,7 +44,6 @@ class KafkaServer:
         self._idle.set()
         self._accepting: trio.CancelScope | None = None
         self._connections: trio.CancelScope | None = None
-        self._metric_children: dict[tuple[int, int], tuple[Any, Any]] = {}
         core = runtime.core
         self._operations = {
             HEARTBEAT: core.heartbeat,
@@ -111,7 +110,7 @@ class KafkaServer:
                         return
                     if not data:
                         if frames.buffered_bytes:
-                            metrics.rejected_frames.labels("truncated").inc()
+                            metrics.reject("truncated")
                             log.warning("truncated_frame", peer=peer,
                                         buffered=frames.buffered_bytes)
                         return
@@ -119,7 +118,7 @@ class KafkaServer:
                         frames.feed(data)
                     except FrameError as error:
                         reason = "oversize" if isinstance(error, FrameTooLarge) else "malformed"
-                        metrics.rejected_frames.labels(reason).inc()
+                        metrics.reject(reason)
                         log.warning("bad_frame_closing_connection", peer=peer, error=str(error))
                         return
                     # Answers to the frames of one read go out in one write, in order.
@@ -128,7 +127,7 @@ class KafkaServer:
                     for frame in frames:
                         answer = await self._answer(frame, peer)
                         if answer is None:
-                            metrics.rejected_frames.labels("malformed").inc()
+                            metrics.reject("malformed")
                             closing = True
                             break
                         answers.append(answer)
@@ -172,20 +171,7 @@ class KafkaServer:
         return answer
 
     def _count(self, api_key: int, code: int, started: float) -> None:
-        # Metric children are looked up once per (api, code): labels() is costly per call.
-        children = self._metric_children.get((api_key, code))
-        if children is None:
-            name = api_name(api_key)
-            try:
-                error = ErrorCode(code).name
-            except ValueError:
-                error = str(code)
-            metrics = self.runtime.metrics
-            children = (metrics.requests.labels(name, error),
-                        metrics.request_seconds.labels(name))
-            self._metric_children[api_key, code] = children
-        children[0].inc()
-        children[1].observe(time.perf_counter() - started)
+        self.runtime.metrics.observe_request(api_key, code, time.perf_counter() - started)
 
     async def _dispatch(self, request: DecodedRequest) -> tuple[bytes, int]:
         key, version, correlation = request.api_key, request.api_version, request.correlation_id
