@@ -1299,6 +1299,19 @@ class GroupCoordinator:
     def group_config(self, group_id: str) -> dict[str, Any]:
         return _group_config_view(self._existing_group(group_id).config)
 
+    def effective_group_config(self, group_id: str) -> dict[str, Any]:
+        """The values the group runs with: its overrides, else the server's defaults."""
+        group = self._existing_group(group_id)
+        offload = group.config.assignor_offload_enable
+        return {
+            "connect.session.timeout.ms": self._session_timeout(group),
+            "connect.heartbeat.interval.ms": self._heartbeat_interval(group),
+            "connect.assignment.interval.ms": self._assignment_interval(group),
+            "connect.assignor.offload.enable":
+                self.config.assignor_offload_enable if offload is None else offload,
+            "scheduled.rebalance.max.delay.ms": self._scheduled_delay(group),
+        }
+
     def delete_group(self, group_id: str, now_ms: int) -> Result[dict[str, Any]]:
         group = self._existing_group(group_id)
         if group.members:

@@ -190,7 +190,8 @@ def build_admin_app(runtime: Runtime) -> Starlette:
         async def handle(request: Request) -> Response:
             require_ready()
             group = request.path_params["group"]
-            return JSONResponse({"group": group, "config": runtime.core.group_config(group)})
+            return JSONResponse({"group": group, "config": runtime.core.group_config(group),
+                                 "effective": runtime.core.effective_group_config(group)})
         return await guarded(request, handle)
 
     routes = [

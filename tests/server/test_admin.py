@@ -237,3 +237,20 @@ async def test_two_workers_reach_stable(server: ServerHandle) -> None:
     assert view["unassigned"]["tasks"] == []
     assigned = sum(len(m["assigned"]["tasks"]) for m in view["members"])
     assert assigned == 4
+
+
+async def test_group_config_shows_effective_values(server: ServerHandle) -> None:
+    await http(server, "PUT", "/groups/g/connectors/a", {"tasks": 1})
+    defaults = server.runtime.config
+    status, answer = await http(server, "GET", "/groups/g/config")
+    assert status == 200
+    assert answer["config"]["connect.session.timeout.ms"] == -1  # no override
+    assert answer["effective"]["connect.session.timeout.ms"] == defaults.session_timeout_ms
+    assert answer["effective"]["scheduled.rebalance.max.delay.ms"] == \
+        defaults.scheduled_rebalance_max_delay_ms
+    await http(server, "PUT", "/groups/g/config", {"connect.session.timeout.ms": 20_000,
+                                                   "connect.assignor.offload.enable": False})
+    answer = (await http(server, "GET", "/groups/g/config"))[1]
+    assert answer["effective"]["connect.session.timeout.ms"] == 20_000
+    assert answer["effective"]["connect.assignor.offload.enable"] is False
+    assert answer["effective"]["connect.heartbeat.interval.ms"] == defaults.heartbeat_interval_ms
