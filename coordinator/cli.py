@@ -21,6 +21,9 @@ commands:
   describe   show groups, their epochs and members' assignments
   bench      benchmarks: codec | core | heartbeats | assignor | log | replay
   log        log tools: check | dump | compact | snapshot
+  simulate   fake Connect workers under chaos, checked for units run twice
+  metrics    record /metrics scrapes (or a Prometheus range) as Parquet
+  report     the PySpark capacity report from recorded metrics and a log snapshot
 
 Run `connect-coordinator COMMAND --help` for the options of each command.
 """

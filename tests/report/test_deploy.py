@@ -64,6 +64,14 @@ def test_compose_services() -> None:
     assert services["coordinator"]["build"]["dockerfile"] == "Dockerfile"
     assert any(volume.endswith(":/data") for volume in services["coordinator"]["volumes"])
     assert services["simulator"]["command"][0] == "simulate"
+    assert_simulate_args(services["simulator"]["command"][1:])
+
+
+def assert_simulate_args(argv: list[str]) -> None:
+    """The deploy files' simulator arguments are ones `simulate` accepts."""
+    from coordinator.workers.simulate import build_parser, options_from
+    options = options_from(build_parser().parse_args(argv))
+    assert options.workers >= 1
 
 
 def test_kubernetes_probes() -> None:
@@ -71,6 +79,8 @@ def test_kubernetes_probes() -> None:
     (deployment,) = [doc for doc in documents if doc["kind"] == "Deployment"]
     containers = {c["name"]: c for c in deployment["spec"]["template"]["spec"]["containers"]}
     assert set(containers) == {"connect-worker", "coordinator"}
+    assert containers["connect-worker"]["args"][0] == "simulate"
+    assert_simulate_args(containers["connect-worker"]["args"][1:])
     coordinator = containers["coordinator"]
     assert coordinator["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert coordinator["readinessProbe"]["httpGet"]["path"] == "/readyz"
