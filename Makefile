@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install run test lint bench
+.PHONY: install run test lint bench system-deps
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -20,8 +20,34 @@ install: $(STAMP)
 run: install
 	$(BIN)/connect-coordinator serve --data-dir ./data
 
+# Programs some tests run, from Debian packages: Prometheus and promtool (package
+# `prometheus`: a real server scraping /metrics, `promtool check`) and Chromium (package
+# `chromium`). As root with apt-get they are installed when missing; otherwise this says
+# how to install them, and fails under CI=true, where those tests must run, not skip.
+SYSTEM_PACKAGES := prometheus chromium
+SYSTEM_PROGRAMS := /usr/bin/prometheus /usr/bin/promtool /usr/bin/chromium
+
+system-deps:
+	@missing=""; \
+	for program in $(SYSTEM_PROGRAMS); do \
+	  [ -x "$$program" ] || missing="$$missing $$program"; \
+	done; \
+	[ -z "$$missing" ] && exit 0; \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  echo "system-deps: missing$$missing; apt-get install -y $(SYSTEM_PACKAGES)"; \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  apt-get install -y $(SYSTEM_PACKAGES) \
+	    || { apt-get update && apt-get install -y $(SYSTEM_PACKAGES); } \
+	    || { echo "system-deps: apt-get install $(SYSTEM_PACKAGES) failed" >&2; exit 1; }; \
+	else \
+	  echo "system-deps: missing$$missing (Debian packages: $(SYSTEM_PACKAGES))." >&2; \
+	  echo "system-deps: run 'sudo apt-get install -y $(SYSTEM_PACKAGES)' (or 'make system-deps' as root);" >&2; \
+	  echo "system-deps: until then the tests that need them are skipped (they fail under CI=true)." >&2; \
+	  case "$${CI:-}" in ""|0|false|no) ;; *) exit 1 ;; esac; \
+	fi
+
 # -p no:cacheprovider: no .pytest_cache, so a read-only CI checkout works too.
-test: install
+test: install system-deps
 	HYPOTHESIS_PROFILE=ci $(BIN)/python -m pytest -q -p no:cacheprovider
 
 lint: install

@@ -2,22 +2,41 @@
 
 Naming follows Prometheus practice: one prefix, base units as suffixes (seconds, bytes),
 ``_total`` on counters (prometheus-client adds it to a Counter's name), and label values that
-are bounded and created up front so every series exists from the first scrape.
+are bounded and created up front so every series exists from the first scrape. README.md
+("Metrics") lists every metric.
 
-Group and member gauges are read from the core at scrape time by a custom collector, so the
-request path never touches them.
+Group and member gauges (totals by state, and per-group gauges for at most
+``metrics.per_group.max`` groups) are read from the core at scrape time by a custom
+collector, so the request path never touches them. Counters of rebalances and target
+installs are fed by the runtime from the core's events (see ``Runtime.complete``).
 """
 
 from __future__ import annotations
 
+import heapq
+import os
 from collections.abc import Callable, Iterator
-from typing import Any, Protocol
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from coordinator.core.result import ASSIGNMENT_MODES, REBALANCE_TRIGGERS
 from protocol.errors import ErrorCode
+
+if TYPE_CHECKING:
+    from coordinator.core.coordinator import GroupCoordinator
+    from coordinator.core.group import Member
 
 PREFIX = "connect_coordinator_"
 
@@ -39,6 +58,15 @@ REJECT_REASONS = (
 )
 
 GROUP_STATES = ("EMPTY", "ASSIGNING", "RECONCILING", "STABLE")
+# Member states as Describe reports them (CONTRACT §3): the core's MemberState names, and
+# UNKNOWN for a member whose metadata is not known.
+MEMBER_STATES = ("STABLE", "UNREVOKED", "UNRELEASED", "UNKNOWN")
+TIMER_KINDS = ("session", "revocation", "assignor", "assignment")
+ASSIGNOR_OUTCOMES = ("ok", "failed", "timeout")
+# A periodic compaction: done, failed (logged, retried next interval), or skipped because
+# the log writer is not usable (not loaded yet, or stopped after a failed rollback).
+COMPACTION_OUTCOMES = ("ok", "failed", "skipped")
+DEFAULT_PER_GROUP_MAX = 100  # ServerConfig.metrics_per_group_max
 
 # Request latencies are expected well below a millisecond; the buckets reach into seconds
 # only to show a slow disk (a response waits for its records to be flushed).
@@ -46,18 +74,12 @@ LATENCY_BUCKETS = (
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
     2.5, 5.0,
 )
-
-
-class CoreView(Protocol):
-    """What the scrape-time collector reads from the core."""
-
-    def groups_by_state(self) -> dict[str, int]: ...
-
-    def member_count(self) -> int: ...
-
-    def group_ids(self) -> list[str]: ...
-
-    def unassigned_units(self, group_id: str) -> frozenset[Any]: ...
+# From a group epoch bump to STABLE: a rebalance takes a few heartbeat intervals (3 s by
+# default), longer when workers must stop tasks first or an assignor runs long.
+TIME_TO_STABLE_BUCKETS = (
+    0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0,
+)
+SEGMENT_SUFFIX = ".log"  # coordinator.log.segments.SEGMENT_SUFFIX
 
 
 def api_name(api_key: int) -> str:
@@ -72,40 +94,117 @@ def error_label(code: int) -> str:
         return str(code)
 
 
+def member_state(member: Member) -> str:
+    """A member's state label: what Describe reports for it."""
+    return member.current.state.name if member.metadata is not None else "UNKNOWN"
+
+
+def log_bytes_on_disk(data_dir: Path) -> int:
+    """Bytes of the segment files in `data_dir` (0 when it does not exist)."""
+    total = 0
+    try:
+        with os.scandir(data_dir) as entries:
+            for entry in entries:
+                if entry.name.endswith(SEGMENT_SUFFIX):
+                    try:
+                        total += entry.stat().st_size
+                    except FileNotFoundError:  # removed by compaction meanwhile
+                        pass
+    except FileNotFoundError:
+        return 0
+    return total
+
+
+# The per-group gauges: (name after the prefix, help). Label: `group`.
+_PER_GROUP: tuple[tuple[str, str], ...] = (
+    ("group_epoch", "Group epoch of the group."),
+    ("group_assignment_epoch", "Epoch of the group's current target assignment."),
+    ("group_members", "Members of the group."),
+    ("group_units", "Connectors and tasks the group runs."),
+    ("group_unassigned_units", "Connectors and tasks of the group in no member's target."),
+)
+
+
 class _CoreCollector(Collector):
-    def __init__(self, core: Callable[[], CoreView | None]) -> None:
+    """Group and member gauges, computed from the core's state at scrape time."""
+
+    def __init__(self, core: Callable[[], GroupCoordinator | None], per_group_max: int) -> None:
         self._core = core
+        self.per_group_max = per_group_max
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         core = self._core()
+        groups_by_state = dict.fromkeys(GROUP_STATES, 0)
+        members_by_state = dict.fromkeys(MEMBER_STATES, 0)
+        unassigned: dict[str, int] = {}
+        all_groups = core.store.groups if core is not None else {}
+        for group_id, group in all_groups.items():
+            groups_by_state[group.state] = groups_by_state.get(group.state, 0) + 1
+            for member in group.members.values():
+                members_by_state[member_state(member)] += 1
+            if core is not None:
+                unassigned[group_id] = len(core.unassigned_units(group_id))
+
         groups = GaugeMetricFamily(
             PREFIX + "groups", "Connect groups by state.", labels=["state"]
         )
-        counts = core.groups_by_state() if core is not None else {}
-        for state in GROUP_STATES:
-            groups.add_metric([state], counts.get(state, 0))
+        for state, count in groups_by_state.items():
+            groups.add_metric([state], count)
         yield groups
-        yield GaugeMetricFamily(
+        members = GaugeMetricFamily(
             PREFIX + "members",
-            "Members of all connect groups.",
-            value=core.member_count() if core is not None else 0,
+            "Members of all connect groups, by member state (as Describe reports it).",
+            labels=["state"],
         )
-        unassigned = 0
-        if core is not None:
-            unassigned = sum(len(core.unassigned_units(g)) for g in core.group_ids())
+        for state, count in members_by_state.items():
+            members.add_metric([state], count)
+        yield members
         yield GaugeMetricFamily(
             PREFIX + "unassigned_units",
             "Connectors and tasks of all groups that are in no member's target assignment.",
-            value=unassigned,
+            value=sum(unassigned.values()),
+        )
+
+        # Per-group series for the first `per_group_max` group ids in sorted order, so the
+        # same groups keep their series from scrape to scrape.
+        limit = self.per_group_max
+        if len(all_groups) > limit:
+            shown = heapq.nsmallest(limit, all_groups)
+        else:
+            shown = sorted(all_groups)
+        families = [
+            GaugeMetricFamily(PREFIX + name, text, labels=["group"]) for name, text in _PER_GROUP
+        ]
+        epoch, assignment_epoch, member_count, units, unassigned_units = families
+        for group_id in shown:
+            group = all_groups[group_id]
+            epoch.add_metric([group_id], group.epoch)
+            assignment_epoch.add_metric([group_id], group.assignment_epoch)
+            member_count.add_metric([group_id], len(group.members))
+            units.add_metric([group_id], len(group.units))
+            unassigned_units.add_metric([group_id], unassigned.get(group_id, 0))
+        yield from families
+        yield GaugeMetricFamily(
+            PREFIX + "per_group_omitted_groups",
+            "Groups left out of the per-group gauges (beyond metrics.per_group.max; the "
+            "first group ids in sorted order are shown).",
+            value=len(all_groups) - len(shown),
         )
 
 
 class Metrics:
     """Every metric the server exports; `render()` gives the Prometheus text format."""
 
-    def __init__(self, core: Callable[[], CoreView | None] = lambda: None) -> None:
+    def __init__(
+        self,
+        core: Callable[[], GroupCoordinator | None] = lambda: None,
+        *,
+        per_group_max: int = DEFAULT_PER_GROUP_MAX,
+        data_dir: Path | None = None,
+    ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         registry = self.registry
+        self.data_dir = data_dir
         self.requests = Counter(
             PREFIX + "requests",
             "KRPC requests answered, by API and error code.",
@@ -174,16 +273,71 @@ class Metrics:
             PREFIX + "ready", "1 once the log is loaded and requests are served.",
             registry=registry,
         )
+        self.rebalances = Counter(
+            PREFIX + "rebalances",
+            "Group epoch bumps (each starts a rebalance), by trigger.",
+            ["trigger"],
+            registry=registry,
+        )
+        self.target_assignments = Counter(
+            PREFIX + "target_assignments_installed",
+            "Target assignments installed, by mode (server: a server assignor; client: a "
+            "worker through Prepare/Install).",
+            ["mode"],
+            registry=registry,
+        )
+        self.time_to_stable = Histogram(
+            PREFIX + "time_to_stable_seconds",
+            "Time from the group epoch bump that started a rebalance to the group being "
+            "STABLE (bumps meanwhile extend the same rebalance).",
+            buckets=TIME_TO_STABLE_BUCKETS,
+            registry=registry,
+        )
+        self.log_append_seconds = Histogram(
+            PREFIX + "log_append_seconds",
+            "Time to write one flush (one batch per change) to the active log segment, "
+            "before its fsync.",
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.log_fsync_seconds = Histogram(
+            PREFIX + "log_fsync_seconds",
+            "Time of one fsync of the active log segment (one per flush).",
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.log_bytes = Gauge(
+            PREFIX + "log_bytes",
+            "Bytes of the record log's segment files in the data directory.",
+            registry=registry,
+        )
+        self.log_bytes.set_function(self._log_bytes)
+        self.compactions = Counter(
+            PREFIX + "log_compactions",
+            "Periodic log compactions, by outcome (ok, failed, skipped).",
+            ["outcome"],
+            registry=registry,
+        )
         for api in [*API_NAMES.values(), UNKNOWN_API]:
             self.requests.labels(api, ErrorCode.NONE.name)
             self.request_duration.labels(api)
         for reason in REJECT_REASONS:
             self.rejected_frames.labels(reason)
-        for kind in ("session", "revocation", "assignor", "assignment"):
+        for kind in TIMER_KINDS:
             self.timers_fired.labels(kind)
-        for outcome in ("ok", "failed", "timeout"):
+        for outcome in ASSIGNOR_OUTCOMES:
             self.assignor_runs.labels(outcome)
-        registry.register(_CoreCollector(core))
+        for trigger in REBALANCE_TRIGGERS:
+            self.rebalances.labels(trigger)
+        for mode in ASSIGNMENT_MODES:
+            self.target_assignments.labels(mode)
+        for outcome in COMPACTION_OUTCOMES:
+            self.compactions.labels(outcome)
+        self.core_collector = _CoreCollector(core, per_group_max)
+        registry.register(self.core_collector)
+        # CPU, memory, file descriptors (process_*) and the Python version (python_info).
+        ProcessCollector(registry=registry)
+        PlatformCollector(registry=registry)
         # labels() takes a lock and builds a key each call; the hot path uses these caches.
         self._request_children: dict[tuple[int, int], Any] = {}
         self._duration_children: dict[int, Any] = {}
@@ -205,6 +359,17 @@ class Metrics:
 
     def reject(self, reason: str) -> None:
         self.rejected_frames.labels(reason).inc()
+
+    def rebalance(self, trigger: str) -> None:
+        """A group epoch bump (one of coordinator.core.result.REBALANCE_TRIGGERS)."""
+        self.rebalances.labels(trigger).inc()
+
+    def target_installed(self, mode: str) -> None:
+        """A target assignment installed (one of ASSIGNMENT_MODES)."""
+        self.target_assignments.labels(mode).inc()
+
+    def _log_bytes(self) -> float:
+        return float(log_bytes_on_disk(self.data_dir)) if self.data_dir is not None else 0.0
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -37,6 +37,7 @@ from coordinator.log import (
     read_all,
 )
 from coordinator.log.files import FileLayer
+from coordinator.metrics import Metrics
 from protocol.records import RecordDecodeError, decode_record, encode_key, encode_value
 
 log = structlog.get_logger("connect_coordinator.storage")
@@ -60,9 +61,11 @@ class _QueuedWrite:
 
 
 class LogSink:
-    def __init__(self, writer: LogWriter | None, now_ms: Callable[[], int]) -> None:
+    def __init__(self, writer: LogWriter | None, now_ms: Callable[[], int],
+                 metrics: Metrics | None = None) -> None:
         self.writer = writer  # set by LogReplayer once the log is loaded
         self._now_ms = now_ms
+        self.metrics = metrics  # log append and fsync seconds, observed per flush
         self._queue: list[_QueuedWrite] = []
         self._wakeup = trio.Event()
         self._closing = False
@@ -122,13 +125,19 @@ class LogSink:
         if self.writer is None:
             raise LogError("the log is not loaded yet")
         try:
+            started = time.perf_counter()
             for queued in batch:
                 self.writer.append(queued.records, now_ms)
+            appended = time.perf_counter()
             self.writer.sync()
+            synced = time.perf_counter()
         except (LogError, OSError):
             if not self.writer.broken:
                 self.writer.rollback_unsynced()
             raise
+        if self.metrics is not None:  # histograms are thread-safe
+            self.metrics.log_append_seconds.observe(appended - started)
+            self.metrics.log_fsync_seconds.observe(synced - appended)
 
     async def close(self) -> None:
         self._closing = True
@@ -240,15 +249,22 @@ async def compact_once(sink: LogSink, config: ServerConfig, now_ms: int
 
 
 async def compact_periodically(sink: LogSink, config: ServerConfig,
-                               now_ms: Callable[[], int]) -> None:
-    """Every log.compaction.interval.ms, compact; a failure is logged and retried later."""
+                               now_ms: Callable[[], int], metrics: Metrics | None = None
+                               ) -> None:
+    """Every log.compaction.interval.ms, compact; a failure is logged and retried later.
+
+    Each attempt is counted by outcome: ok, failed, or skipped (no usable writer)."""
     while True:
         await trio.sleep(config.log_compaction_interval_ms / 1000)
         try:
-            await compact_once(sink, config, now_ms())
+            report = await compact_once(sink, config, now_ms())
+            outcome = "ok" if report is not None else "skipped"
         except Exception:
             # Compaction only saves space: the log stays correct without it.
             log.exception("log_compaction_failed")
+            outcome = "failed"
+        if metrics is not None:
+            metrics.compactions.labels(outcome).inc()
 
 
 def ensure_data_dir(data_dir: Path) -> None:

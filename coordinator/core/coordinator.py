@@ -50,8 +50,20 @@ from coordinator.core.reconcile import (
 from coordinator.core.result import (
     ASSIGNMENT_TIMER,
     ASSIGNOR_TIMER,
+    CLIENT_MODE,
     REVOCATION_TIMER,
+    SERVER_MODE,
     SESSION_TIMER,
+    TRIGGER_ADMIN_REMOVAL,
+    TRIGGER_ASSIGNORS_CHANGED,
+    TRIGGER_CONNECTORS_CHANGED,
+    TRIGGER_DELAYED_REBALANCE,
+    TRIGGER_MEMBER_FENCED,
+    TRIGGER_MEMBER_JOINED,
+    TRIGGER_MEMBER_LEFT,
+    TRIGGER_METADATA_CHANGED,
+    TRIGGER_REVOCATION_TIMEOUT,
+    TRIGGER_SESSION_TIMEOUT,
     AssignorRun,
     Event,
     Record,
@@ -85,8 +97,14 @@ from protocol.messages.connect_group_prepare_assignment_response import MemberAs
 
 # The reserved empty target every new group starts with (seed 004): joiners get epoch 1.
 INITIAL_EPOCH = 1
-SERVER_MODE = "server"
-CLIENT_MODE = "client"
+
+# Why a member was removed -> the trigger of the group epoch bump that follows.
+_REMOVAL_TRIGGERS = {
+    "leave": TRIGGER_MEMBER_LEFT,
+    "fenced": TRIGGER_MEMBER_FENCED,
+    "session_timeout": TRIGGER_SESSION_TIMEOUT,
+    "revocation_timeout": TRIGGER_REVOCATION_TIMEOUT,
+}
 
 
 @dataclass(slots=True)
@@ -433,7 +451,7 @@ class GroupCoordinator:
         metadata = self._metadata_from(None, request)
         change.write(member_metadata_record(group.group_id, member_id, metadata))
         change.write(current_assignment_record(group.group_id, member_id, CurrentAssignment()))
-        self._bump(group, change, trigger="join", member_id=member_id)
+        self._bump(group, change, trigger=TRIGGER_MEMBER_JOINED, member_id=member_id)
         change.event(
             "member_joined",
             group,
@@ -462,7 +480,7 @@ class GroupCoordinator:
         )
         change.write(current_assignment_record(group_id, new_id, restored))
         if old_metadata is None or metadata.assignment_inputs_differ(old_metadata):
-            self._bump(group, change, trigger="metadata", member_id=new_id)
+            self._bump(group, change, trigger=TRIGGER_METADATA_CHANGED, member_id=new_id)
         change.event(
             "static_member_replaced",
             group,
@@ -548,7 +566,11 @@ class GroupCoordinator:
             self._check_assignors(group, request, member.member_id)
         change.write(member_metadata_record(group.group_id, member.member_id, new))
         if old is None or new.assignment_inputs_differ(old):
-            trigger = "assignors" if old and new.worker_url == old.worker_url else "metadata"
+            trigger = (
+                TRIGGER_ASSIGNORS_CHANGED
+                if old and new.worker_url == old.worker_url
+                else TRIGGER_METADATA_CHANGED
+            )
             self._bump(group, change, trigger=trigger, member_id=member.member_id)
 
     def _check_assignors(self, group: Group | None, request: Any, member_id: str) -> None:
@@ -617,7 +639,7 @@ class GroupCoordinator:
             **fields,
         )
         if bump:
-            self._bump(group, change, trigger=reason, member_id=member_id)
+            self._bump(group, change, trigger=_REMOVAL_TRIGGERS[reason], member_id=member_id)
 
     def _reconcile(
         self,
@@ -845,7 +867,9 @@ class GroupCoordinator:
                 return
             seen |= kept
             parts[owner] = TargetPart(frozenset(kept))
-        self._install_target(group, change, run.group_epoch, parts, 0, name, now_ms, outcome.state)
+        self._install_target(
+            group, change, run.group_epoch, parts, 0, name, now_ms, outcome.state, SERVER_MODE
+        )
         for member_id in run.spec.previous_target:
             group.departed_parts.pop(member_id, None)
         if outcome.rerun_at_ms is not None:
@@ -864,6 +888,7 @@ class GroupCoordinator:
         assignor: str | None,
         now_ms: int,
         state: bytes,
+        mode: str,
     ) -> None:
         group_id = group.group_id
         for member_id in group.members:
@@ -878,6 +903,7 @@ class GroupCoordinator:
             "target_installed",
             group,
             None,
+            mode=mode,
             assignor=assignor,
             error=error,
             assigned=assigned,
@@ -1043,7 +1069,15 @@ class GroupCoordinator:
         now_ms: int,
     ) -> None:
         self._install_target(
-            group, change, request.group_epoch, parts, error, prepared.assignor_name, now_ms, b""
+            group,
+            change,
+            request.group_epoch,
+            parts,
+            error,
+            prepared.assignor_name,
+            now_ms,
+            b"",
+            CLIENT_MODE,
         )
         group.prepared = None
         group.compute_requested_ms = None
@@ -1084,7 +1118,7 @@ class GroupCoordinator:
                 and group.members
             ):
                 group.rerun_at_ms = None
-                self._bump(group, change, trigger="assignor_rerun")
+                self._bump(group, change, trigger=TRIGGER_DELAYED_REBALANCE)
             self._maybe_new_target(group, change, now_ms)
         return change.result(None)
 
@@ -1195,7 +1229,7 @@ class GroupCoordinator:
             connectors = dict(group.connectors)
             connectors[connector] = tasks
             change.write(connectors_record(group_id, connectors))
-            self._bump(group, change, trigger="connectors")
+            self._bump(group, change, trigger=TRIGGER_CONNECTORS_CHANGED)
             change.event("connector_set", group, None, connector=connector, tasks=tasks)
             self._maybe_new_target(group, change, now_ms)
         return change.result(
@@ -1220,7 +1254,7 @@ class GroupCoordinator:
         connectors = dict(group.connectors)
         del connectors[connector]
         change.write(connectors_record(group_id, connectors))
-        self._bump(group, change, trigger="connectors")
+        self._bump(group, change, trigger=TRIGGER_CONNECTORS_CHANGED)
         change.event("connector_deleted", group, None, connector=connector)
         self._maybe_new_target(group, change, now_ms)
         return change.result(
@@ -1258,7 +1292,7 @@ class GroupCoordinator:
                 }
             )
         if removed:
-            self._bump(group, change, trigger="admin_removal")
+            self._bump(group, change, trigger=TRIGGER_ADMIN_REMOVAL)
             self._maybe_new_target(group, change, now_ms)
         return change.result(
             {"group": group_id, "members": answers, "removed": removed, "group_epoch": group.epoch}

@@ -14,6 +14,36 @@ REVOCATION_TIMER = "revocation"  # a member has not released units within its re
 ASSIGNOR_TIMER = "assignor"  # the chosen worker has not installed an assignment in time
 ASSIGNMENT_TIMER = "assignment"  # the assignment interval ends (or an assignor asked to re-run)
 
+# Why the group epoch moved: the `trigger` field of every "group_epoch_bumped" event. A
+# closed set, so the shell can count rebalances by trigger without unbounded labels.
+TRIGGER_MEMBER_JOINED = "member_joined"  # a new member id joined
+TRIGGER_MEMBER_LEFT = "member_left"  # a member left (epoch -1)
+TRIGGER_MEMBER_FENCED = "member_fenced"  # a member sent a stale epoch and was removed
+TRIGGER_SESSION_TIMEOUT = "session_timeout"  # a member was silent past its session timeout
+TRIGGER_REVOCATION_TIMEOUT = "revocation_timeout"  # it did not release units in time
+TRIGGER_ADMIN_REMOVAL = "admin_removal"  # static members removed through the admin API
+TRIGGER_METADATA_CHANGED = "metadata_changed"  # e.g. a new worker URL, a replaced instance
+TRIGGER_ASSIGNORS_CHANGED = "assignors_changed"  # assignor choice, reason or metadata changed
+TRIGGER_CONNECTORS_CHANGED = "connectors_changed"  # a connector was added, resized or removed
+TRIGGER_DELAYED_REBALANCE = "delayed_rebalance"  # a server assignor's scheduled re-run came due
+REBALANCE_TRIGGERS = (
+    TRIGGER_MEMBER_JOINED,
+    TRIGGER_MEMBER_LEFT,
+    TRIGGER_MEMBER_FENCED,
+    TRIGGER_SESSION_TIMEOUT,
+    TRIGGER_REVOCATION_TIMEOUT,
+    TRIGGER_ADMIN_REMOVAL,
+    TRIGGER_METADATA_CHANGED,
+    TRIGGER_ASSIGNORS_CHANGED,
+    TRIGGER_CONNECTORS_CHANGED,
+    TRIGGER_DELAYED_REBALANCE,
+)
+
+# Where a target assignment was computed: the `mode` field of "target_installed" events.
+SERVER_MODE = "server"  # by a server-side assignor (inline or in the worker pool)
+CLIENT_MODE = "client"  # by the chosen worker, through Prepare/Install
+ASSIGNMENT_MODES = (SERVER_MODE, CLIENT_MODE)
+
 
 @dataclass(frozen=True, slots=True)
 class Record:
@@ -39,7 +69,11 @@ TimerOp = TimerSet | TimerCancel
 
 @dataclass(frozen=True, slots=True)
 class Event:
-    """A state change worth one log line (join, leave, fence, new target, ...)."""
+    """A state change worth one log line (join, leave, fence, new target, ...).
+
+    Some events carry what the shell counts: "group_epoch_bumped" has a `trigger` field
+    (one of REBALANCE_TRIGGERS) and "target_installed" a `mode` field (ASSIGNMENT_MODES).
+    """
 
     name: str
     group_id: str

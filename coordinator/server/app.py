@@ -16,6 +16,7 @@ from coordinator.assignors import load_assignors
 from coordinator.config import ServerConfig
 from coordinator.core.coordinator import GroupCoordinator
 from coordinator.log.files import FileLayer
+from coordinator.metrics import Metrics
 from coordinator.server.admin import build_admin_app
 from coordinator.server.kafka import KafkaServer
 from coordinator.server.runtime import Clock, RecordSink, Runtime
@@ -60,14 +61,16 @@ async def run_server(
     `file_layer` replaces the OS file layer under the log (tests inject faults with it).
     """
     core = GroupCoordinator(config, load_assignors(config.server_assignors))
+    metrics = Metrics(lambda: core, per_group_max=config.metrics_per_group_max,
+                      data_dir=data_dir if sink is None else None)
     log_sink: LogSink | None = None
     loader: LogReplayer | None = None
     if sink is None and data_dir is not None:
         ensure_data_dir(data_dir)
-        log_sink = LogSink(None, lambda: runtime.now_ms())
+        log_sink = LogSink(None, lambda: runtime.now_ms(), metrics)
         loader = LogReplayer(data_dir, config, log_sink, file_layer)
         sink = log_sink
-    runtime = Runtime(core, config, sink, clock, loader=loader)
+    runtime = Runtime(core, config, sink, clock, loader=loader, metrics=metrics)
     if log_sink is not None:
         log_sink.on_failure = runtime.roll_back_writes
     kafka = KafkaServer(runtime, config.max_frame_bytes)
@@ -89,7 +92,8 @@ async def run_server(
         handle = ServerHandle(runtime, kafka_port, admin_port)
         await runtime.wait_ready()
         if log_sink is not None:  # compaction runs in a thread, never on the request path
-            nursery.start_soon(compact_periodically, log_sink, config, runtime.now_ms)
+            nursery.start_soon(compact_periodically, log_sink, config, runtime.now_ms,
+                               metrics)
         log.info("ready", listen=f"{listen[0]}:{kafka_port}",
                  admin=f"http://{admin_listen[0]}:{admin_port}",
                  data_dir=str(data_dir) if data_dir else None,

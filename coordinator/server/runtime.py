@@ -4,10 +4,17 @@ Every core call happens on the trio thread and returns before anything is awaite
 core never sees two operations interleave. After each call the runtime
 
 1. applies ``Result.timers`` to the :class:`TimerScheduler`,
-2. logs ``Result.events`` (one line each, group, member and epochs bound),
+2. logs ``Result.events`` (one line each, group, member and epochs bound) and counts the
+   ones metrics follow: group epoch bumps by trigger, target installs by mode,
 3. starts ``Result.jobs`` (offloaded server assignor runs) in the worker pool,
 4. awaits ``sink.write(result.records)`` -- before the caller sends its response
    (CONTRACT §5.11: a response that reports a change follows its durable records).
+
+Time to stable: the first group epoch bump of a group that is not rebalancing yet notes the
+time (one dict entry per group); when the records of that change or a later one touch the
+group and it is STABLE, the time since is observed. Only changes with records are checked
+(a stable heartbeat writes none), and only the groups their records name, so the request
+path stays O(1). A group that empties or is deleted drops its entry without an observation.
 
 Sink writes are issued in the order the core produced the records; a sink must persist them
 in call order (concurrent calls may overlap; a group-committing log batches them).
@@ -247,7 +254,11 @@ class Runtime:
         self.sink: RecordSink = sink if sink is not None else MemorySink(keep=False)
         self.clock: Clock = clock if clock is not None else TrioEpochClock()
         self.loader = loader
-        self.metrics = metrics if metrics is not None else Metrics(lambda: self.core)
+        self.metrics = (
+            metrics
+            if metrics is not None
+            else Metrics(lambda: self.core, per_group_max=config.metrics_per_group_max)
+        )
         self.timers = TimerScheduler()
         self.ready = False
         self._ready_event = trio.Event()
@@ -257,6 +268,8 @@ class Runtime:
         self._sink_closed = False
         # Changes whose records are being written, oldest first (see roll_back_from).
         self._unconfirmed: list[Result[Any]] = []
+        # Group id -> now_ms of the group epoch bump that started its rebalance.
+        self._rebalance_started: dict[str, int] = {}
 
     # ---------------------------------------------------------------- lifetime
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -304,12 +317,39 @@ class Runtime:
         if result.events:
             for event in result.events:
                 self._log_event(event)
+                self._count_event(event)
         if result.jobs:
             for run in result.jobs:
                 self._start_job(run)
         if result.records:
             await self._persist(result)
+            if self._rebalance_started:
+                self._observe_stable(result.records)
         return result.response
+
+    def _count_event(self, event: Event) -> None:
+        name = event.name
+        if name == "group_epoch_bumped":
+            self.metrics.rebalance(str(event.fields.get("trigger")))
+            self._rebalance_started.setdefault(event.group_id, self.clock.now_ms())
+        elif name == "target_installed":
+            self.metrics.target_installed(str(event.fields.get("mode")))
+
+    def _observe_stable(self, records: Sequence[Record]) -> None:
+        """Observe time to stable for the rebalancing groups these records touched."""
+        started = self._rebalance_started
+        checked: set[str] = set()
+        for record in records:
+            group_id = record.key.group_id
+            if group_id in checked or group_id not in started:
+                continue
+            checked.add(group_id)
+            group = self.core.store.groups.get(group_id)
+            if group is None or not group.members:
+                del started[group_id]  # deleted or emptied: no rebalance left to finish
+            elif group.state == "STABLE":
+                elapsed_ms = self.clock.now_ms() - started.pop(group_id)
+                self.metrics.time_to_stable.observe(max(0, elapsed_ms) / 1000.0)
 
     async def _persist(self, result: Result[Any]) -> None:
         started = time.perf_counter()
