@@ -476,7 +476,9 @@ def target_member_record(group_id: str, member_id: str, part: TargetPart | None)
     return Record(
         key,
         ConnectGroupTargetAssignmentMemberValue(
-            assigned=units_to_wire(part.units), version=part.version, metadata=part.metadata
+            assigned=part.wire if part.wire is not None else units_to_wire(part.units),
+            version=part.version,
+            metadata=part.metadata,
         ),
     )
 

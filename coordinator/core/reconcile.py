@@ -15,8 +15,9 @@ passes a lookup into the group's owner index.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from enum import IntEnum
+from typing import Any
 
 from coordinator.units import Unit
 
@@ -55,6 +56,9 @@ class TargetPart:
     units: frozenset[Unit] = EMPTY
     version: int = 0
     metadata: bytes = b""
+    # The units in wire form when they came that way (an Install), so the target record
+    # need not build them again; not part of the part's identity.
+    wire: Any = field(default=None, compare=False, repr=False)
 
 
 EMPTY_TARGET = TargetPart()

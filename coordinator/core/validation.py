@@ -6,6 +6,7 @@ broken rule and returns nothing otherwise. They look only at the request, never 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from coordinator.units import CONNECTOR, Unit
@@ -128,3 +129,38 @@ def validate_install(request: Any) -> dict[str, tuple[frozenset[Unit], int, byte
         units = units_from_wire(member.assigned, f"Members[{member.member_id}].Assigned")
         parts[member.member_id] = (units, member.version, member.metadata)
     return parts
+
+
+@dataclass(frozen=True, slots=True)
+class CheckedInstall:
+    """An Install request's members, validated and converted once, off the event loop.
+
+    Only what depends on the request alone is here; the checks against what Prepare handed
+    out stay in the core, which reads the group's state.
+    """
+
+    request: Any  # the request these parts were made from (the core checks identity)
+    parts: dict[str, tuple[frozenset[Unit], int, bytes]]
+    units: frozenset[Unit]  # every unit the request hands out
+    overlapping: bool  # some unit is handed to two members
+
+
+def install_unit_count(request: Any) -> int:
+    """Units listed in an Install request: what its validation costs is proportional to."""
+    return sum(len(member.assigned.connectors) + len(member.assigned.tasks)
+               for member in request.members)
+
+
+def check_install(request: Any) -> CheckedInstall | None:
+    """`validate_install` plus the checks that need no group state; None if the request is
+    malformed (the core then finds the problem again and answers with it)."""
+    try:
+        parts = validate_install(request)
+    except ApiError:
+        return None
+    every: set[Unit] = set()
+    listed = 0
+    for units, _version, _metadata in parts.values():
+        every |= units
+        listed += len(units)
+    return CheckedInstall(request, parts, frozenset(every), len(every) != listed)

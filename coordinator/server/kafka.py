@@ -48,7 +48,6 @@ class KafkaServer:
         self._operations = {
             HEARTBEAT: core.heartbeat,
             PREPARE: core.prepare_assignment,
-            INSTALL: core.install_assignment,
         }
 
     async def serve(self, host: str, port: int, *,
@@ -188,7 +187,10 @@ class KafkaServer:
             response: Any = runtime.core.describe(request.body, runtime.now_ms())
             return encode_response(key, version, correlation, response), ErrorCode.NONE
         try:
-            response = await runtime.call(self._operations[key], request.body)
+            if key == INSTALL:  # large ones are checked in a thread first
+                response = await runtime.install_assignment(request.body)
+            else:
+                response = await runtime.call(self._operations[key], request.body)
         except NotDurable:
             code = ErrorCode.COORDINATOR_NOT_AVAILABLE
             return error_response(key, version, correlation, code,
