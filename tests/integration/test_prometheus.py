@@ -21,7 +21,7 @@ from typing import Any
 
 import trio
 
-from tests.server.test_metrics_catalogue import require_binary
+from tests.programs import require_binary
 
 from .helpers import ServerProcess, Worker, free_port, settle
 

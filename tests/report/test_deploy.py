@@ -4,22 +4,18 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.programs import require_binary
+
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 DASHBOARD = DEPLOY / "grafana" / "dashboards" / "connect-coordinator.json"
 YAML_FILES = sorted([*DEPLOY.rglob("*.yml"), *DEPLOY.rglob("*.yaml")])
-PROMTOOL = shutil.which("promtool")
-needs_promtool = pytest.mark.skipif(
-    PROMTOOL is None,
-    reason="promtool is not on PATH (Debian's prometheus package provides it)",
-)
 
 
 def load_yaml_documents(path: Path) -> list[Any]:
@@ -27,8 +23,8 @@ def load_yaml_documents(path: Path) -> list[Any]:
     return list(yaml.safe_load_all(path.read_text()))
 
 
-@needs_promtool
 def test_promtool_accepts_the_prometheus_config(tmp_path: Path) -> None:
+    promtool = require_binary("promtool")
     # The config names its rules where docker-compose mounts them (/etc/prometheus); point
     # a copy at deploy/alerts.yml so promtool checks the rules it references as well.
     config = (DEPLOY / "prometheus.yml").read_text()
@@ -36,16 +32,16 @@ def test_promtool_accepts_the_prometheus_config(tmp_path: Path) -> None:
     copy = tmp_path / "prometheus.yml"
     copy.write_text(config.replace("/etc/prometheus/alerts.yml", str(DEPLOY / "alerts.yml")))
     result = subprocess.run(
-        [str(PROMTOOL), "check", "config", str(copy)],
+        [promtool, "check", "config", str(copy)],
         capture_output=True, text=True, timeout=60,
     )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-@needs_promtool
 def test_promtool_accepts_the_alert_rules() -> None:
+    promtool = require_binary("promtool")
     result = subprocess.run(
-        [str(PROMTOOL), "check", "rules", str(DEPLOY / "alerts.yml")],
+        [promtool, "check", "rules", str(DEPLOY / "alerts.yml")],
         capture_output=True, text=True, timeout=60,
     )
     assert result.returncode == 0, result.stdout + result.stderr

@@ -8,8 +8,6 @@ nothing to complain about in a scrape of a server that has seen every kind of tr
 
 from __future__ import annotations
 
-import os
-import shutil
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -26,6 +24,7 @@ from protocol.errors import ErrorCode
 from protocol.messages import ConnectGroupHeartbeatRequest
 from tests.core.context import units
 from tests.integration.helpers import Worker, settle
+from tests.programs import require_binary
 
 from .conftest import TEST_CONFIG, http
 from .test_case_studies_tcp import ALL, G, compute
@@ -34,26 +33,6 @@ from .test_case_studies_tcp import join as ica_join
 
 P = "connect_coordinator_"
 Labels = dict[str, str]
-
-
-def in_ci() -> bool:
-    return os.environ.get("CI", "").lower() not in ("", "0", "false", "no")
-
-
-def require_binary(name: str) -> str:
-    """The path of a tool from a Debian package; fail under CI, skip elsewhere, if missing.
-
-    `make test` installs them first (`make system-deps`), so in CI a missing binary is a
-    broken set-up, not a reason to skip."""
-    found = shutil.which(name) or (f"/usr/bin/{name}" if os.path.exists(f"/usr/bin/{name}")
-                                   else None)
-    if found is not None:
-        return found
-    message = (f"{name} is not installed (Debian package `prometheus`; "
-               "`make system-deps` installs it as root)")
-    if in_ci():
-        pytest.fail(message + " and CI is set: tests that need it must run in CI")
-    pytest.skip(message)
 
 
 class Scrape:
