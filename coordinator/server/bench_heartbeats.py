@@ -1,15 +1,37 @@
-"""Stable-heartbeat throughput and latency over real TCP.
+"""Stable-heartbeat throughput and latency over real TCP, driven by the worker library.
 
-1. Start a coordinator in this process (or use `--bootstrap` and `--admin` for one running
-   elsewhere), create CONNECTORS x TASKS through the admin API.
-2. Join MEMBERS members in one group and let them reconcile until the group and every member
-   are STABLE.
-3. Drive stable heartbeats (the member's epoch, nothing changed) from PROCESSES separate
-   processes, each with CONNECTIONS connections keeping PIPELINE requests in flight, for
-   DURATION seconds after a one-second warm-up.
+Who runs where (separate OS processes, so the load's CPU is not the coordinator's):
 
-Latency is measured in the load processes from just before a request is written to the
-socket until its response is read back, so it includes the client's own scheduling.
+* the coordinator: `connect-coordinator serve` on free ports with a temporary data dir
+  (`--in-process` runs it inside the bench process instead; `--bootstrap` and `--admin` aim
+  at one that is already running);
+* PROCESSES load processes. Between them they run GROUPS x WORKERS_PER_GROUP trio
+  `Worker`s (coordinator/workers: the sans-IO `WorkerState` in its trio shell), one TCP
+  connection each, spread so that every process runs workers of every group. Each worker
+  heartbeats every INTERVAL_MS after its previous answer (`heartbeat_interval_override_ms`
+  instead of the coordinator's interval; 0: back to back);
+* this process: creates each group's connectors through the admin API, waits until every
+  group and every member is STABLE, then opens measurement windows of DURATION seconds in
+  every load process at the same wall-clock moment.
+
+Only stable heartbeats are measured: sent with the member's epoch, answered without an
+error and without an assignment. Whatever else a window sees is counted: `errors` by error
+code (REQUEST_TIMEOUT and TRANSPORT for answers that never came) and `unstable` (answers
+that carried an assignment, i.e. a rebalance happened). Latency runs from the worker
+calling `KafkaClient.request` to the decoded answer, in the load process, so it includes
+the client's own scheduling.
+
+`--assignor-load` (issue 4): before the heartbeat load starts, a separate group of
+ASSIGNOR_WORKERS lightweight members (raw `KafkaClient` joins on a few connections, naming
+the server assignor `balanced`, heartbeating every 20 s) gets ASSIGNOR_CONNECTORS
+connectors holding ASSIGNOR_TASKS tasks in all, with `connect.assignment.interval.ms` 0.
+Every round then measures a baseline window (no assignor run anywhere) and a loaded window
+during which the bench resizes one of that group's connectors (N <-> N+1 tasks) every
+ASSIGNOR_PUT_INTERVAL_MS. Each resize bumps the group epoch; the coordinator keeps at most
+one offloaded run per group in flight and starts the next as soon as one lands, so a
+`balanced` run of the whole group is in flight for the whole window. The report puts the
+two side by side with the p99 ratio (target: loaded p99 < 1.2 x baseline p99) and, from the
+coordinator's /metrics, how many runs completed and what share of the time one was running.
 """
 
 from __future__ import annotations
@@ -17,299 +39,317 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
+import re
+import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections import Counter, deque
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import trio
-import trio_parallel
 
-from protocol.framing import FrameBuffer, decode_response, encode_request
+from coordinator.client import KafkaClient
+from protocol.errors import ErrorCode
 from protocol.messages import ConnectGroupDescribeRequest, ConnectGroupHeartbeatRequest
 
+PROG = "connect-coordinator bench heartbeats"
 HEARTBEAT = 1000
 DESCRIBE = 1003
-CORRELATION_OFFSET = 8  # size prefix (4) + api key (2) + api version (2)
-WARMUP_S = 1.0
+LOAD_PROCESS_FLAG = "--load-process"
+TARGET_P99_RATIO = 1.2
+BIG_GROUP_SESSION_MS = 120_000
+BIG_GROUP_HEARTBEAT_MS = 20_000
+BIG_GROUP_CONNECTIONS = 8
+REJOIN = (ErrorCode.UNKNOWN_MEMBER_ID, ErrorCode.FENCED_MEMBER_EPOCH)
 
 
-@dataclass(frozen=True, slots=True)
-class WorkerPlan:
-    host: str
-    port: int
-    group: str
-    members: tuple[tuple[str, int], ...]  # (member id, member epoch)
-    connections: int
-    pipeline: int
-    duration_s: float
-    start_at: float  # wall-clock time.time() at which every process starts sending
+class BenchError(Exception):
+    """The benchmark could not run (coordinator did not start, groups never settled...)."""
+
+
+def _code_name(code: int) -> str:
+    try:
+        return ErrorCode(code).name
+    except ValueError:
+        return f"ERROR_{code}"
+
+
+# ============================================================================ load process
+#
+# Started as `python -m coordinator.server.bench_heartbeats --load-process`. It reads JSON
+# lines on stdin and answers with JSON lines on stdout:
+#   in:  {"host", "port", "interval_ms", "request_timeout_ms", "workers": [[group, id]...]}
+#   out: {"event": "started"}
+#   in:  {"cmd": "measure", "start": WALL_CLOCK_S, "duration": S}
+#   out: {"event": "measured", "latencies_ms": [...], "errors": {...}, "unstable": N, ...}
+#   in:  {"cmd": "stop"}  (or end of input)
+#   out: {"event": "stopped", "failures": [...]}
 
 
 @dataclass(slots=True)
-class WorkerStats:
-    latencies_ms: list[float]
-    errors: int
-    started_late_s: float
+class Recorder:
+    """Heartbeats of one load process; only those *sent* inside the window count."""
+
+    start: float = math.inf  # perf_counter() bounds of the window
+    end: float = -math.inf
+    window: int = 0  # bumped by open(): late answers to an older window are not counted
+    latencies_ms: list[float] = field(default_factory=list)
+    errors: Counter[str] = field(default_factory=Counter)
+    unstable: int = 0
+    pending: int = 0  # window requests still waiting for their answer
+
+    def open(self, start: float, end: float) -> None:
+        self.start, self.end, self.window = start, end, self.window + 1
+        self.latencies_ms, self.errors, self.unstable, self.pending = [], Counter(), 0, 0
+
+    def counts(self, sent: float) -> bool:
+        return self.start <= sent < self.end
+
+    def answered(self, sent: float, request: Any, response: Any) -> None:
+        if response.error_code != 0:
+            self.errors[_code_name(response.error_code)] += 1
+        elif request.member_epoch <= 0 or response.assignment is not None:
+            self.unstable += 1
+        else:
+            self.latencies_ms.append((time.perf_counter() - sent) * 1000.0)
 
 
-# ----------------------------------------------------------------------------- load process
+class TimedClient(KafkaClient):
+    """The worker library's client, timing every heartbeat for the process's Recorder."""
+
+    def __init__(self, stream: trio.SocketStream, client_id: str, recorder: Recorder) -> None:
+        super().__init__(stream, client_id)
+        self.recorder = recorder
+
+    async def request(self, api_key: int, body: Any, api_version: int = 0) -> Any:
+        if api_key != HEARTBEAT:
+            return await super().request(api_key, body, api_version)
+        recorder = self.recorder
+        sent = time.perf_counter()
+        window = recorder.window if recorder.counts(sent) else None
+        if window is not None:
+            recorder.pending += 1
+        try:
+            response = await super().request(api_key, body, api_version)
+        except BaseException as error:
+            if window == recorder.window:
+                # trio.Cancelled: the worker's request timeout (fail_after) cut it short
+                kind = "REQUEST_TIMEOUT" if isinstance(error, trio.Cancelled) else "TRANSPORT"
+                recorder.errors[kind] += 1
+                recorder.pending -= 1
+            raise
+        if window == recorder.window:
+            recorder.pending -= 1
+            recorder.answered(sent, body, response)
+        return response
 
 
-def _heartbeat_frames(group: str, members: Sequence[tuple[str, int]]) -> list[bytes]:
-    return [
-        encode_request(
-            HEARTBEAT, 0, 0, "bench",
-            ConnectGroupHeartbeatRequest(group_id=group, member_id=member, member_epoch=epoch),
-        )
-        for member, epoch in members
-    ]
+async def _run_worker(worker: Any, failures: list[str]) -> None:
+    try:
+        await worker.run()
+    except Exception as error:  # reported to the orchestrator, not fatal to the others
+        failures.append(f"{worker.name}: {type(error).__name__}: {error}")
 
 
-async def _drive_connection(
-    plan: WorkerPlan, frames: list[bytes], measure_from: float, stop_at: float,
-    stats: WorkerStats,
-) -> None:
-    stream = await trio.open_tcp_stream(plan.host, plan.port)
-    slots = trio.Semaphore(plan.pipeline)
-    sent_at: dict[int, float] = {}
-    drained = trio.Event()
-    correlation = 0
-    buffer = FrameBuffer(1 << 24)
-
-    async def send() -> None:
-        nonlocal correlation
-        index = 0
-        while time.perf_counter() < stop_at:
-            await slots.acquire()
-            batch = bytearray()
-            while True:  # take every free slot: one write for all of them
-                correlation += 1
-                template = frames[index % len(frames)]
-                index += 1
-                frame = bytearray(template)
-                frame[CORRELATION_OFFSET:CORRELATION_OFFSET + 4] = correlation.to_bytes(4, "big")
-                batch += frame
-                sent_at[correlation] = time.perf_counter()
-                try:
-                    slots.acquire_nowait()
-                except trio.WouldBlock:
-                    break
-            await stream.send_all(batch)
-
-    async def receive() -> None:
-        while True:
-            data = await stream.receive_some(1 << 16)
-            if not data:
-                return
-            buffer.feed(data)
-            now = time.perf_counter()
-            for frame in buffer:
-                cid, body = decode_response(frame, HEARTBEAT, 0)
-                started = sent_at.pop(cid)
-                if now >= measure_from:
-                    stats.latencies_ms.append((now - started) * 1000.0)
-                if getattr(body, "error_code", 0) != 0:
-                    stats.errors += 1
-                slots.release()
-            if not sent_at and time.perf_counter() >= stop_at:
-                drained.set()
-                return
-
-    async with stream, trio.open_nursery() as nursery:
-        nursery.start_soon(receive)
-        await send()
-        with trio.move_on_after(5):  # collect the answers still in flight
-            if sent_at:
-                await drained.wait()
-        nursery.cancel_scope.cancel()
+async def _measure_window(recorder: Recorder, start_wall: float, duration: float
+                          ) -> dict[str, Any]:
+    start = time.perf_counter() + (start_wall - time.time())
+    recorder.open(start, start + duration)
+    await trio.sleep_until(trio.current_time() + (start - time.perf_counter()))
+    cpu = time.process_time()
+    await trio.sleep_until(trio.current_time() + (recorder.end - time.perf_counter()))
+    cpu = time.process_time() - cpu
+    with trio.move_on_after(10):  # the answers to requests sent inside the window
+        while recorder.pending:  # noqa: ASYNC110 - the counter is bumped by other tasks
+            await trio.sleep(0.01)
+    result = {"event": "measured", "latencies_ms": [round(v, 4) for v in recorder.latencies_ms],
+              "errors": dict(recorder.errors), "unstable": recorder.unstable,
+              "unanswered": recorder.pending, "cpu_s": round(cpu, 3)}
+    recorder.open(math.inf, -math.inf)
+    return result
 
 
-async def _drive(plan: WorkerPlan) -> WorkerStats:
-    frames = _heartbeat_frames(plan.group, plan.members)
-    stats = WorkerStats([], 0, 0.0)
-    delay = plan.start_at - time.time()
-    if delay > 0:
-        await trio.sleep(delay)
-    else:
-        stats.started_late_s = -delay
-    start = time.perf_counter()
-    measure_from = start + WARMUP_S
-    stop_at = measure_from + plan.duration_s
-    share = max(1, math.ceil(len(frames) / plan.connections))
+async def _load_process(plan: dict[str, Any], out: Any) -> None:
+    from coordinator.workers.registry import UnitRegistry
+    from coordinator.workers.state import WorkerConfig
+    from coordinator.workers.worker import Worker
+
+    def send(message: dict[str, Any]) -> None:
+        out.write(json.dumps(message) + "\n")
+        out.flush()
+
+    recorder = Recorder()
+    registry = UnitRegistry()
+    host, port = plan["host"], plan["port"]
+    workers = []
+    for group, member in plan["workers"]:
+        async def connect(member: str = member) -> KafkaClient:
+            return TimedClient(await trio.open_tcp_stream(host, port), member, recorder)
+
+        config = WorkerConfig(group_id=group, worker_url=f"http://{member}:8083",
+                              member_id=member,
+                              heartbeat_interval_override_ms=plan["interval_ms"])
+        workers.append(Worker(config, registry, connect=connect,
+                              request_timeout_ms=plan["request_timeout_ms"], name=member))
+    failures: list[str] = []
+    all_left = trio.Event()
+
+    async def run_all() -> None:
+        # Spread the starts over one interval: workers that start together would heartbeat
+        # in lockstep for ever, and every burst would queue behind itself.
+        spread_s = plan["interval_ms"] / 1000 / max(1, len(workers))
+        async with trio.open_nursery() as running:
+            for worker in workers:
+                running.start_soon(_run_worker, worker, failures)
+                await trio.sleep(spread_s)
+        all_left.set()
+
     async with trio.open_nursery() as nursery:
-        for first in range(0, len(frames), share):
-            nursery.start_soon(
-                _drive_connection, plan, frames[first:first + share], measure_from, stop_at,
-                stats,
-            )
-    return stats
+        nursery.start_soon(run_all)
+        send({"event": "started", "workers": len(workers)})
+        while True:
+            line = await trio.to_thread.run_sync(sys.stdin.readline)
+            if not line:
+                break
+            command = json.loads(line)
+            if command["cmd"] != "measure":
+                break
+            send(await _measure_window(recorder, command["start"], command["duration"]))
+        for worker in workers:
+            worker.shutdown()
+        with trio.move_on_after(10) as scope:  # each leaves the group, then run() returns
+            await all_left.wait()
+        if scope.cancelled_caught:
+            failures.append("some workers did not leave within 10 s")
+        nursery.cancel_scope.cancel()
+    send({"event": "stopped", "failures": failures})
 
 
-def _warm_up() -> None:
-    time.sleep(0.2)  # keep the worker busy so each warm-up call lands in its own process
+def load_process_main() -> int:
+    out = sys.stdout
+    sys.stdout = sys.stderr  # the protocol owns stdout
+    plan = json.loads(sys.stdin.readline())
+    trio.run(_load_process, plan, out)
+    return 0
 
 
-def run_load_process(plan: WorkerPlan) -> WorkerStats:
-    """Entry point of one load process (module level so trio-parallel can pickle it)."""
-    return trio.run(_drive, plan)
+class LoadProcess:
+    """The orchestrator's end of one load process."""
+
+    def __init__(self, process: trio.Process) -> None:
+        self.process = process
+        self._buffer = b""
+
+    @classmethod
+    async def start(cls, plan: dict[str, Any]) -> LoadProcess:
+        process = await trio.lowlevel.open_process(
+            [sys.executable, "-m", "coordinator.server.bench_heartbeats", LOAD_PROCESS_FLAG],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        self = cls(process)
+        await self.send(plan)
+        return self
+
+    async def send(self, message: dict[str, Any]) -> None:
+        assert self.process.stdin is not None
+        await self.process.stdin.send_all((json.dumps(message) + "\n").encode())
+
+    async def receive(self, event: str) -> dict[str, Any]:
+        assert self.process.stdout is not None
+        while b"\n" not in self._buffer:
+            data = await self.process.stdout.receive_some(1 << 20)
+            if not data:
+                raise BenchError(f"a load process exited (code {self.process.poll()}) "
+                                 f"while the bench waited for {event!r}; see its stderr")
+            self._buffer += data
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        message: dict[str, Any] = json.loads(line)
+        if message.get("event") != event:
+            raise BenchError(f"a load process said {message!r}, expected {event!r}")
+        return message
+
+    async def stop(self) -> dict[str, Any] | None:
+        result = None
+        with trio.move_on_after(20):
+            try:
+                await self.send({"cmd": "stop"})
+                result = await self.receive("stopped")
+            except (BenchError, trio.BrokenResourceError, trio.ClosedResourceError):
+                pass
+        await _end(self.process, terminate=False)
+        return result
 
 
-# ----------------------------------------------------------------------------- set-up
+# ============================================================================ coordinator
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    host: str
+    port: int
+    admin: str  # admin API base URL
+    pid: int | None = None  # when the bench started it as a subprocess
+
+
+def _cpu_seconds(pid: int) -> float | None:
+    """User + system CPU time of a process so far (Linux /proc; None elsewhere)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            fields = stat.read().rsplit(b")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _children_cpu_seconds(pid: int) -> float | None:
+    """The same for the live children of `pid` (the coordinator's assignor processes)."""
+    try:
+        children = {int(child) for task in os.listdir(f"/proc/{pid}/task")
+                    for child in Path(f"/proc/{pid}/task/{task}/children").read_text().split()}
+    except (OSError, ValueError):
+        return None
+    return sum(_cpu_seconds(child) or 0.0 for child in children)
 
 
 def _admin(method: str, url: str, body: Any | None = None) -> Any:
     data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(
-        url, data=data, method=method, headers={"content-type": "application/json"}
-    )
-    with urllib.request.urlopen(request, timeout=10) as response:
-        return json.loads(response.read() or b"null")
+    request = urllib.request.Request(url, data=data, method=method,
+                                     headers={"content-type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        raw = response.read()
+    return json.loads(raw) if raw.startswith((b"{", b"[")) else raw.decode()
 
 
-async def _request(client: Any, api_key: int, body: Any) -> Any:
-    return await client.request(api_key, body)
+async def admin(method: str, url: str, body: Any | None = None) -> Any:
+    return await trio.to_thread.run_sync(_admin, method, url, body)
 
 
-async def _join_member(
-    client: Any, group: str, member: str, stop: trio.Event, poll_s: float
-) -> None:
-    """A minimal worker: join, then heartbeat with what it owns until told to stop."""
-    epoch = 0
-    owned = None
-    request = ConnectGroupHeartbeatRequest(
-        group_id=group, member_id=member, member_epoch=0,
-        worker_url=f"http://bench/{member}", rebalance_timeout_ms=60_000,
-    )
-    while not stop.is_set():
-        response = await client.request(HEARTBEAT, request)
-        if response.error_code in (25, 110):  # UNKNOWN_MEMBER_ID, FENCED_MEMBER_EPOCH: rejoin
-            epoch, owned = 0, None
-            request = ConnectGroupHeartbeatRequest(
-                group_id=group, member_id=member, member_epoch=0,
-                worker_url=f"http://bench/{member}", rebalance_timeout_ms=60_000,
-            )
-            continue
-        if response.error_code not in (0, 1000):
-            raise RuntimeError(f"{member}: heartbeat failed: {response.error_message}")
-        epoch = response.member_epoch
-        if response.assignment is not None:
-            owned = response.assignment.assigned
-        request = ConnectGroupHeartbeatRequest(
-            group_id=group, member_id=member, member_epoch=epoch,
-            owned_connectors_and_tasks=owned,
-        )
-        with trio.move_on_after(poll_s):
-            await stop.wait()
+def _address(value: str) -> tuple[str, int]:
+    host, _, port = value.rpartition(":")
+    return host.strip("[]") or "127.0.0.1", int(port)
 
 
-async def _stable_epochs(client: Any, group: str, members: int) -> list[tuple[str, int]] | None:
-    described = (await client.request(DESCRIBE, ConnectGroupDescribeRequest(group_ids=(group,))))
-    view = described.groups[0]
-    if view.group_state != "STABLE" or len(view.members) != members:
-        return None
-    if any(m.member_state != "STABLE" or m.member_epoch != view.assignment_epoch
-           or m.pending_revocation.tasks or m.pending_revocation.connectors
-           for m in view.members):
-        return None
-    return [(m.member_id, m.member_epoch) for m in view.members]
+@asynccontextmanager
+async def coordinator(args: argparse.Namespace) -> AsyncIterator[Target]:
+    if args.bootstrap:
+        host, port = _address(args.bootstrap)
+        yield Target(host, port, args.admin.rstrip("/"))
+    elif args.in_process:
+        async with _in_process(args) as target:
+            yield target
+    else:
+        async with _subprocess(args) as target:
+            yield target
 
 
-async def _prepare_group(
-    host: str, port: int, admin_url: str, args: argparse.Namespace
-) -> tuple[list[tuple[str, int]], float]:
-    from coordinator.client import KafkaClient
-
-    for index in range(args.connectors):
-        await trio.to_thread.run_sync(
-            _admin, "PUT", f"{admin_url}/groups/{args.group}/connectors/connector-{index}",
-            {"tasks": args.tasks},
-        )
-    started = time.perf_counter()
-    stop = trio.Event()
-    clients = [await KafkaClient.connect(host, port) for _ in range(4)]
-    epochs: list[tuple[str, int]] | None = None
-    async with trio.open_nursery() as nursery:
-        for index in range(args.members):
-            nursery.start_soon(_join_member, clients[index % len(clients)], args.group,
-                               f"member-{index:05d}", stop, 0.2)
-        with trio.move_on_after(args.settle_timeout):
-            while epochs is None:
-                await trio.sleep(0.25)
-                epochs = await _stable_epochs(clients[0], args.group, args.members)
-        stop.set()
-    for client in clients:
-        await client.aclose()
-    if epochs is None:
-        raise RuntimeError(f"the group did not become stable within {args.settle_timeout} s")
-    return epochs, time.perf_counter() - started
-
-
-async def _leave_all(host: str, port: int, group: str, epochs: list[tuple[str, int]]) -> None:
-    from coordinator.client import KafkaClient
-
-    client = await KafkaClient.connect(host, port)
-    async with client, trio.open_nursery() as nursery:
-        for member, _ in epochs:
-            nursery.start_soon(_request, client, HEARTBEAT, ConnectGroupHeartbeatRequest(
-                group_id=group, member_id=member, member_epoch=-1))
-
-
-def _percentile(sorted_values: list[float], fraction: float) -> float:
-    if not sorted_values:
-        return float("nan")
-    index = min(len(sorted_values) - 1, max(0, math.ceil(fraction * len(sorted_values)) - 1))
-    return sorted_values[index]
-
-
-async def _measure(host: str, port: int, admin_url: str, args: argparse.Namespace
-                   ) -> dict[str, Any]:
-    epochs, settle_s = await _prepare_group(host, port, admin_url, args)
-    shares = [epochs[i::args.processes] for i in range(args.processes)]
-    results: list[WorkerStats] = []
-    async with trio_parallel.open_worker_context() as context:
-        # Spawn the load processes first so they all start sending at the same moment.
-        async with trio.open_nursery() as nursery:
-            for _ in shares:
-                nursery.start_soon(context.run_sync, _warm_up)
-        start_at = time.time() + 1.0
-        plans = [
-            WorkerPlan(host, port, args.group, tuple(share), args.connections, args.pipeline,
-                       args.duration, start_at)
-            for share in shares if share
-        ]
-
-        async def one(plan: WorkerPlan) -> None:
-            results.append(await context.run_sync(run_load_process, plan))
-
-        async with trio.open_nursery() as nursery:
-            for plan in plans:
-                nursery.start_soon(one, plan)
-    await _leave_all(host, port, args.group, epochs)
-    latencies = sorted(value for stats in results for value in stats.latencies_ms)
-    return {
-        "members": args.members,
-        "connectors": args.connectors,
-        "tasks_per_connector": args.tasks,
-        "processes": args.processes,
-        "connections_per_process": args.connections,
-        "pipeline": args.pipeline,
-        "duration_s": args.duration,
-        "settle_s": round(settle_s, 2),
-        "heartbeats": len(latencies),
-        "errors": sum(stats.errors for stats in results),
-        "heartbeats_per_s": round(len(latencies) / args.duration, 1),
-        "p50_ms": round(_percentile(latencies, 0.50), 3),
-        "p99_ms": round(_percentile(latencies, 0.99), 3),
-        "p999_ms": round(_percentile(latencies, 0.999), 3),
-        "max_ms": round(latencies[-1], 3) if latencies else None,
-        "late_start_s": round(max((s.started_late_s for s in results), default=0.0), 2),
-    }
-
-
-async def _run_in_process(args: argparse.Namespace) -> dict[str, Any]:
+@asynccontextmanager
+async def _in_process(args: argparse.Namespace) -> AsyncIterator[Target]:
     from coordinator.config import load_config
     from coordinator.logs import configure_logging
     from coordinator.server.app import run_server
@@ -319,64 +359,596 @@ async def _run_in_process(args: argparse.Namespace) -> dict[str, Any]:
     async with trio.open_nursery() as nursery:
         handle = await nursery.start(run_server, config, ("127.0.0.1", 0), ("127.0.0.1", 0))
         try:
-            return await _measure("127.0.0.1", handle.kafka_port,
-                                  f"http://127.0.0.1:{handle.admin_port}", args)
+            yield Target("127.0.0.1", handle.kafka_port, f"http://127.0.0.1:{handle.admin_port}")
         finally:
             handle.stop()
 
 
-def _address(value: str) -> tuple[str, int]:
-    host, _, port = value.rpartition(":")
-    return host.strip("[]") or "127.0.0.1", int(port)
+@asynccontextmanager
+async def _subprocess(args: argparse.Namespace) -> AsyncIterator[Target]:
+    """`connect-coordinator serve` on free ports; its JSON log tells where it listens."""
+    with tempfile.TemporaryDirectory(prefix="bench-heartbeats-") as tmp:
+        command = [sys.executable, "-m", "coordinator.cli", "serve",
+                   "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0",
+                   "--data-dir", str(Path(tmp) / "data"), "--log-format", "json",
+                   "--log-level", "info"]
+        for item in args.set:
+            command += ["--set", item]
+        process = await trio.lowlevel.open_process(command, stdin=subprocess.DEVNULL,
+                                                   stdout=subprocess.DEVNULL,
+                                                   stderr=subprocess.PIPE)
+        log = ServerLog()
+        try:
+            async with trio.open_nursery() as nursery:
+                assert process.stderr is not None
+                nursery.start_soon(log.drain, process.stderr)
+                with trio.move_on_after(60):
+                    await log.ready.wait()
+                if log.target is None:
+                    raise BenchError("the coordinator did not become ready (exit code "
+                                     f"{process.poll()}):\n" + "\n".join(log.tail))
+                yield Target(log.target.host, log.target.port, log.target.admin, process.pid)
+                nursery.cancel_scope.cancel()
+        finally:
+            with trio.CancelScope(shield=True):
+                await _end(process, terminate=True)
+
+
+class ServerLog:
+    """Reads the coordinator's log (so its pipe never fills) for the `ready` line."""
+
+    def __init__(self) -> None:
+        self.ready = trio.Event()
+        self.target: Target | None = None
+        self.tail: deque[str] = deque(maxlen=20)
+
+    async def drain(self, stream: trio.abc.ReceiveStream) -> None:
+        buffer = b""
+        while data := await stream.receive_some(1 << 16):
+            buffer += data
+            *lines, buffer = buffer.split(b"\n")
+            for raw in lines:
+                line = raw.decode(errors="replace")
+                self.tail.append(line)
+                if self.target is None and '"ready"' in line:
+                    entry = json.loads(line)
+                    if entry.get("event") == "ready":
+                        host, port = _address(entry["listen"])
+                        self.target = Target(host, port, entry["admin"])
+                        self.ready.set()
+        self.ready.set()  # it exited
+
+
+async def _end(process: trio.Process, *, terminate: bool) -> None:
+    """Wait for a child (SIGTERM first if asked, SIGKILL after 15 s) and close its pipes."""
+    if process.returncode is None and terminate:
+        process.terminate()  # the coordinator drains and exits
+    with trio.move_on_after(15):
+        await process.wait()
+    if process.returncode is None:
+        process.kill()
+        await process.wait()
+    for stream in (process.stdin, process.stdout, process.stderr):
+        if stream is not None:
+            await stream.aclose()
+
+
+async def _scrape(target: Target) -> dict[str, float]:
+    """The assignor counters of /metrics (one scrape; it walks every group's units)."""
+    text = await admin("GET", f"{target.admin}/metrics")
+    wanted = {
+        "runs_ok": r'^connect_coordinator_assignor_runs_total\{outcome="ok"\} (\S+)',
+        "runs_failed": r'^connect_coordinator_assignor_runs_total\{outcome="failed"\} (\S+)',
+        "runs_timeout": r'^connect_coordinator_assignor_runs_total\{outcome="timeout"\} (\S+)',
+        "run_seconds": r'^connect_coordinator_assignor_run_seconds_sum\{assignor="balanced"\} '
+                       r'(\S+)',
+        "in_flight": r"^connect_coordinator_assignor_runs_in_flight (\S+)",
+    }
+    values = {}
+    for key, pattern in wanted.items():
+        found = re.search(pattern, text, re.MULTILINE)
+        values[key] = float(found.group(1)) if found else 0.0
+    values["at"] = time.perf_counter()
+    return values
+
+
+# ============================================================================ groups
+
+
+def _plan_workers(args: argparse.Namespace, tag: str) -> list[list[list[str]]]:
+    """[process][i] = [group, member id]: worker i of group g goes to process (g + i) % P."""
+    shares: list[list[list[str]]] = [[] for _ in range(args.processes)]
+    for g in range(args.groups):
+        group = f"{args.group}-{g}"
+        for i in range(args.workers_per_group):
+            shares[(g + i) % args.processes].append([group, f"{group}-w{i:04d}-{tag}"])
+    return shares
+
+
+def _heartbeat_groups(args: argparse.Namespace) -> list[str]:
+    return [f"{args.group}-{g}" for g in range(args.groups)]
+
+
+async def _describe(target: Target, groups: Sequence[str]) -> Any:
+    async with await KafkaClient.connect(target.host, target.port) as client:
+        return await client.request(DESCRIBE, ConnectGroupDescribeRequest(group_ids=tuple(groups)))
+
+
+def _unsettled(described: Any, members: int) -> list[str]:
+    """Why the groups are not all STABLE yet (empty: they are)."""
+    problems = []
+    for view in described.groups:
+        if view.error_code:
+            problems.append(f"{view.group_id}: {view.error_message}")
+        elif view.group_state != "STABLE" or len(view.members) != members:
+            problems.append(f"{view.group_id}: {view.group_state}, {len(view.members)} of "
+                            f"{members} members")
+        elif any(m.member_state != "STABLE" or m.member_epoch != view.assignment_epoch
+                 or m.pending_revocation.tasks or m.pending_revocation.connectors
+                 for m in view.members):
+            problems.append(f"{view.group_id}: members still reconciling")
+    return problems
+
+
+async def _wait_stable(target: Target, groups: Sequence[str], members: int,
+                       timeout_s: float) -> float:
+    started = time.perf_counter()
+    problems = ["not described yet"]
+    with trio.move_on_after(timeout_s):
+        while problems:
+            await trio.sleep(0.25)
+            problems = _unsettled(await _describe(target, groups), members)
+    if problems:
+        raise BenchError(f"the groups did not become stable within {timeout_s} s: "
+                         + "; ".join(problems[:5]))
+    return time.perf_counter() - started
+
+
+class BigGroup:
+    """Issue 4's load: a group big enough that every `balanced` run is expensive."""
+
+    def __init__(self, target: Target, args: argparse.Namespace, tag: str) -> None:
+        self.target = target
+        self.group = f"{args.group}-assignor"
+        self.members = [f"{self.group}-m{i:04d}-{tag}" for i in range(args.assignor_workers)]
+        self.connectors = args.assignor_connectors
+        self.tasks = args.assignor_tasks
+        self.put_interval_s = args.assignor_put_interval_ms / 1000
+        self.base = self.tasks // self.connectors  # connector-0's size; toggled to base + 1
+        self.puts = 0
+        self._clients: list[KafkaClient] = []
+        self._epochs: dict[str, int] = {}
+
+    def _url(self, path: str) -> str:
+        return f"{self.target.admin}/groups/{self.group}{path}"
+
+    async def set_up(self, nursery: trio.Nursery, timeout_s: float) -> float:
+        """Members join, then the connectors arrive; few runs happen on the way."""
+        started = time.perf_counter()
+        config = {
+            # While the members join and the connectors arrive, batch everything into as
+            # few runs as possible (each run of a half-built group costs as much as a full
+            # one); the measurement wants every resize to start a run at once.
+            "connect.assignment.interval.ms": 15_000,
+            "connect.assignor.offload.enable": True,
+            "connect.session.timeout.ms": BIG_GROUP_SESSION_MS,
+            "connect.heartbeat.interval.ms": BIG_GROUP_HEARTBEAT_MS,
+        }
+        await admin("PUT", self._url("/config"), config)
+        self._clients = [await KafkaClient.connect(self.target.host, self.target.port)
+                         for _ in range(BIG_GROUP_CONNECTIONS)]
+        # Join first, then add the connectors: no member is ever handed all 50,000 tasks.
+        async with trio.open_nursery() as joining:
+            for index, member in enumerate(self.members):
+                client = self._clients[index % len(self._clients)]
+                joining.start_soon(nursery.start, self._member, client, member)
+        for index in range(self.connectors):
+            tasks = self.base + (1 if index < self.tasks % self.connectors else 0)
+            await admin("PUT", self._url(f"/connectors/connector-{index}"), {"tasks": tasks})
+        await admin("PUT", self._url("/config"), {**config, "connect.assignment.interval.ms": 0})
+        # The batched run is due up to 15 s from now; a resize starts it at once instead.
+        for size in (self.base + 1, self.base):
+            await admin("PUT", self._url("/connectors/connector-0"), {"tasks": size})
+        await self.wait_idle(timeout_s)
+        return time.perf_counter() - started
+
+    async def _member(self, client: KafkaClient, member: str, *,
+                      task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Join naming `balanced`, then heartbeat at the group's pace; ack at once."""
+        epoch, owned, send_owned, reported = 0, None, None, False
+        while True:
+            if epoch == 0:
+                request = ConnectGroupHeartbeatRequest(
+                    group_id=self.group, member_id=member, member_epoch=0,
+                    worker_url=f"http://{member}:8083", rebalance_timeout_ms=600_000,
+                    server_assignor="balanced")
+            else:
+                request = ConnectGroupHeartbeatRequest(
+                    group_id=self.group, member_id=member, member_epoch=epoch,
+                    owned_connectors_and_tasks=send_owned)
+            response = await client.request(HEARTBEAT, request)
+            if response.error_code in REJOIN:
+                epoch, owned, send_owned = 0, None, None
+                continue
+            if response.error_code != 0:
+                await trio.sleep(0.5)  # loading, not available...: retry
+                continue
+            epoch = response.member_epoch
+            self._epochs[member] = epoch
+            if not reported:
+                task_status.started()
+                reported = True
+            if response.assignment is not None and response.assignment.assigned != owned:
+                owned = send_owned = response.assignment.assigned
+                continue  # acknowledge at once (a revocation must be)
+            send_owned = None
+            await trio.sleep(response.heartbeat_interval_ms / 1000)
+
+    async def wait_idle(self, timeout_s: float) -> None:
+        """Until the target is computed for the current group epoch and no run is running."""
+        with trio.move_on_after(timeout_s):
+            while True:
+                # ~1 s of the coordinator's time at 1,000 x 50,000: never inside a window.
+                view = (await _describe(self.target, [self.group])).groups[0]
+                if view.group_epoch == view.assignment_epoch \
+                        and (await _scrape(self.target))["in_flight"] == 0:
+                    return
+                await trio.sleep(0.5)
+        raise BenchError(f"{self.group}: assignor runs did not settle within {timeout_s} s")
+
+    async def drive(self, until: float) -> None:
+        """Resize connector-0 back and forth so that a run is always in flight."""
+        size = self.base
+        while time.perf_counter() < until:
+            size = self.base + 1 if size == self.base else self.base
+            await admin("PUT", self._url("/connectors/connector-0"), {"tasks": size})
+            self.puts += 1
+            await trio.sleep(self.put_interval_s)
+        if size != self.base:
+            await admin("PUT", self._url("/connectors/connector-0"), {"tasks": self.base})
+            self.puts += 1
+
+    async def leave(self) -> None:
+        if not self._clients:
+            return
+        with trio.move_on_after(10):
+            async with trio.open_nursery() as nursery:
+                for index, (member, epoch) in enumerate(self._epochs.items()):
+                    nursery.start_soon(
+                        self._clients[index % len(self._clients)].request, HEARTBEAT,
+                        ConnectGroupHeartbeatRequest(group_id=self.group, member_id=member,
+                                                     member_epoch=-1 if epoch else 0))
+        for client in self._clients:
+            await client.aclose()
+
+
+# ============================================================================ orchestration
+
+
+def _percentile(sorted_values: Sequence[float], fraction: float) -> float:
+    if not sorted_values:
+        return float("nan")
+    index = min(len(sorted_values) - 1, max(0, math.ceil(fraction * len(sorted_values)) - 1))
+    return sorted_values[index]
+
+
+def summarize(windows: Sequence[Sequence[dict[str, Any]]], duration: float) -> dict[str, Any]:
+    """Pool the per-process reports of one or more windows into one set of figures."""
+    latencies = sorted(v for window in windows for part in window for v in part["latencies_ms"])
+    errors: Counter[str] = Counter()
+    for window in windows:
+        for part in window:
+            errors.update(part["errors"])
+    seconds = duration * len(windows)
+    figures: dict[str, Any] = {
+        "heartbeats_per_s": round(len(latencies) / seconds, 1),
+        "p50_ms": round(_percentile(latencies, 0.50), 3),
+        "p99_ms": round(_percentile(latencies, 0.99), 3),
+        "p999_ms": round(_percentile(latencies, 0.999), 3),
+        "max_ms": round(latencies[-1], 3) if latencies else None,
+        "heartbeats": len(latencies),
+        "errors": dict(sorted(errors.items())),
+        "unstable": sum(part["unstable"] for window in windows for part in window),
+        "unanswered": sum(part["unanswered"] for window in windows for part in window),
+        # CPU time per wall-clock second: 1.0 is one core busy.
+        "load_cpu": round(sum(part["cpu_s"] for window in windows for part in window)
+                          / seconds, 2),
+    }
+    for key in ("server_cpu_s", "assignor_cpu_s"):
+        name = key.removesuffix("_s")
+        spent = [part[key] for window in windows for part in window if key in part]
+        if len(spent) == len(windows):
+            figures[name] = round(sum(spent) / seconds, 2)
+    if "server_cpu" in figures and latencies:
+        figures["server_us_per_heartbeat"] = round(
+            1e6 * figures["server_cpu"] * seconds / len(latencies), 1)
+    return figures
+
+
+async def _window(processes: Sequence[LoadProcess], duration: float, target: Target
+                  ) -> list[dict[str, Any]]:
+    """One window in every load process; the coordinator's CPU time rides along as the
+    first report (`server_cpu_s`, `assignor_cpu_s`: its pool processes)."""
+    start = time.time() + 0.3  # every process opens its window at this moment
+    for process in processes:
+        await process.send({"cmd": "measure", "start": start, "duration": duration})
+    reports: list[dict[str, Any]] = []
+    server: dict[str, Any] = {"latencies_ms": [], "errors": {}, "unstable": 0,
+                              "unanswered": 0, "cpu_s": 0.0}
+
+    async def collect(process: LoadProcess) -> None:
+        reports.append(await process.receive("measured"))
+
+    async with trio.open_nursery() as nursery:
+        for process in processes:
+            nursery.start_soon(collect, process)
+        if target.pid is not None:
+            await trio.sleep(start - time.time())
+            cpu = _cpu_seconds(target.pid), _children_cpu_seconds(target.pid)
+            await trio.sleep(duration)
+            after = _cpu_seconds(target.pid), _children_cpu_seconds(target.pid)
+            if cpu[0] is not None and after[0] is not None:
+                server["server_cpu_s"] = after[0] - cpu[0]
+            if cpu[1] is not None and after[1] is not None:
+                server["assignor_cpu_s"] = after[1] - cpu[1]
+    return [server, *reports]
+
+
+async def _loaded_window(processes: Sequence[LoadProcess], big: BigGroup, duration: float,
+                         target: Target) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    before = await _scrape(target)
+    puts_before = big.puts
+    async with trio.open_nursery() as nursery:
+        # Start resizing a little before the window so a run is in flight when it opens.
+        nursery.start_soon(big.drive, time.perf_counter() + 0.3 + duration)
+        reports = await _window(processes, duration, target)
+    after = await _scrape(target)
+    elapsed = after["at"] - before["at"]
+    runs = after["runs_ok"] - before["runs_ok"]
+    stats = {
+        "runs": int(runs),
+        "runs_failed": int(after["runs_failed"] + after["runs_timeout"]
+                           - before["runs_failed"] - before["runs_timeout"]),
+        "run_ms_mean": round(1000 * (after["run_seconds"] - before["run_seconds"])
+                             / runs, 1) if runs else None,
+        "in_flight_share": round((after["run_seconds"] - before["run_seconds"]) / elapsed, 2),
+        "puts": big.puts - puts_before,
+    }
+    return reports, stats
+
+
+@dataclass(slots=True)
+class Measured:
+    baseline: list[list[dict[str, Any]]] = field(default_factory=list)
+    loaded: list[list[dict[str, Any]]] = field(default_factory=list)
+    loaded_stats: list[dict[str, Any]] = field(default_factory=list)
+    baseline_runs: int = 0
+
+
+async def _rounds(processes: Sequence[LoadProcess], big: BigGroup | None, target: Target,
+                  args: argparse.Namespace) -> Measured:
+    """ROUNDS baseline windows, each followed by a loaded one with --assignor-load."""
+    measured = Measured()
+    for _ in range(args.rounds):
+        if big is None:
+            measured.baseline.append(await _window(processes, args.duration, target))
+            continue
+        before = await _scrape(target)
+        measured.baseline.append(await _window(processes, args.duration, target))
+        measured.baseline_runs += int((await _scrape(target))["runs_ok"] - before["runs_ok"])
+        reports, stats = await _loaded_window(processes, big, args.duration, target)
+        measured.loaded.append(reports)
+        measured.loaded_stats.append(stats)
+        await big.wait_idle(args.settle_timeout)  # the next baseline sees no run
+    return measured
+
+
+async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
+    tag = os.urandom(3).hex()  # fresh member ids, also against a long-running coordinator
+    groups = _heartbeat_groups(args)
+    report: dict[str, Any] = {}
+    async with coordinator(args) as target, trio.open_nursery() as nursery:
+        for group in groups:
+            for index in range(args.connectors):
+                await admin("PUT", f"{target.admin}/groups/{group}/connectors/connector-{index}",
+                            {"tasks": args.tasks})
+        big = BigGroup(target, args, tag) if args.assignor_load else None
+        if big is not None:
+            report["assignor_setup_s"] = round(await big.set_up(nursery, args.settle_timeout), 1)
+        processes: list[LoadProcess] = []
+        stopped: list[dict[str, Any] | None] = []
+        try:
+            for share in _plan_workers(args, tag):
+                processes.append(await LoadProcess.start({
+                    "host": target.host, "port": target.port, "interval_ms": args.interval_ms,
+                    "request_timeout_ms": args.request_timeout_ms, "workers": share}))
+            for process in processes:
+                await process.receive("started")
+            settle = await _wait_stable(target, groups, args.workers_per_group,
+                                        args.settle_timeout)
+            report["settle_s"] = round(settle, 1)
+            await trio.sleep(args.warmup)
+            measured = await _rounds(processes, big, target, args)
+            still = _unsettled(await _describe(target, groups), args.workers_per_group)
+            report["stable_at_end"] = not still
+        finally:
+            with trio.CancelScope(shield=True):
+                for process in processes:
+                    stopped.append(await process.stop())
+                if big is not None:
+                    nursery.cancel_scope.cancel()  # the big group's members stop...
+                    await big.leave()  # ...and leave
+        report["worker_failures"] = [f for s in stopped if s for f in s["failures"]]
+        nursery.cancel_scope.cancel()
+    return _result(args, measured, report)
+
+
+def _result(args: argparse.Namespace, measured: Measured, report: dict[str, Any]
+            ) -> dict[str, Any]:
+    figures = summarize(measured.baseline, args.duration)
+    result: dict[str, Any] = {**figures, **_config(args), **report}
+    if not args.assignor_load:
+        return result
+    stats = measured.loaded_stats
+    load = summarize(measured.loaded, args.duration)
+    for key in ("runs", "runs_failed", "puts"):
+        load[key] = sum(int(s[key]) for s in stats)
+    means = [s["run_ms_mean"] for s in stats if s["run_ms_mean"] is not None]
+    load["run_ms_mean"] = round(sum(means) / len(means), 1) if means else None
+    load["in_flight_share"] = round(sum(s["in_flight_share"] for s in stats) / len(stats), 2)
+    result["assignor_load"] = load
+    result["baseline_runs"] = measured.baseline_runs
+    result["p99_ratio"] = (round(load["p99_ms"] / figures["p99_ms"], 2)
+                           if figures["p99_ms"] else None)
+    return result
+
+
+def _config(args: argparse.Namespace) -> dict[str, Any]:
+    config: dict[str, Any] = {
+        "coordinator": ("bootstrap " + args.bootstrap if args.bootstrap
+                        else "in-process" if args.in_process else "subprocess"),
+        "processes": args.processes,
+        "groups": args.groups,
+        "workers_per_group": args.workers_per_group,
+        "workers": args.groups * args.workers_per_group,
+        "connectors_per_group": args.connectors,
+        "tasks_per_connector": args.tasks,
+        "interval_ms": args.interval_ms,
+        "duration_s": args.duration,
+        "rounds": args.rounds,
+    }
+    if args.assignor_load:
+        config.update(assignor_workers=args.assignor_workers,
+                      assignor_connectors=args.assignor_connectors,
+                      assignor_tasks=args.assignor_tasks,
+                      assignor_put_interval_ms=args.assignor_put_interval_ms)
+    return config
+
+
+# ============================================================================ command line
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG, description="Stable-heartbeat throughput and latency over TCP, load from "
+        "the trio worker library in separate processes (see the module doc).")
+    where = parser.add_argument_group("coordinator")
+    where.add_argument("--bootstrap", metavar="HOST:PORT",
+                       help="use a running coordinator instead of starting one")
+    where.add_argument("--admin", metavar="URL",
+                       help="its admin API base URL (required with --bootstrap)")
+    where.add_argument("--in-process", action="store_true",
+                       help="run the coordinator inside the bench process (default: its own "
+                            "subprocess, so client and server CPU stay apart)")
+    where.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                       help="server config for the coordinator the bench starts (repeatable)")
+    load = parser.add_argument_group("heartbeat load")
+    load.add_argument("--group", default="bench", help="group id prefix (default %(default)s)")
+    load.add_argument("--processes", type=int, default=2,
+                      help="load processes (default %(default)s)")
+    load.add_argument("--groups", type=int, default=4, help="default %(default)s")
+    load.add_argument("--workers-per-group", type=int, default=50, help="default %(default)s")
+    load.add_argument("--connectors", type=int, default=2,
+                      help="connectors per group (default %(default)s)")
+    load.add_argument("--tasks", type=int, default=25,
+                      help="tasks per connector (default %(default)s)")
+    load.add_argument("--interval-ms", type=int, default=50,
+                      help="each worker's pause between an answer and its next heartbeat; "
+                           "0: back to back (default %(default)s)")
+    load.add_argument("--request-timeout-ms", type=int, default=5_000,
+                      help="the workers' request timeout (default %(default)s)")
+    load.add_argument("--duration", type=float, default=10.0,
+                      help="seconds per measurement window (default %(default)s)")
+    load.add_argument("--rounds", type=int, default=1,
+                      help="windows (with --assignor-load: baseline + loaded pairs) "
+                           "(default %(default)s)")
+    load.add_argument("--warmup", type=float, default=1.0,
+                      help="seconds between stable and the first window (default %(default)s)")
+    load.add_argument("--settle-timeout", type=float, default=180.0,
+                      help="seconds to wait for groups to become stable (default %(default)s)")
+    big = parser.add_argument_group("assignor load (issue 4)")
+    big.add_argument("--assignor-load", action="store_true",
+                     help="also measure while a server-side balanced run of a big group is "
+                          "in flight, side by side with a baseline")
+    big.add_argument("--assignor-workers", type=int, default=1_000, help="default %(default)s")
+    big.add_argument("--assignor-connectors", type=int, default=1_000,
+                     help="default %(default)s")
+    big.add_argument("--assignor-tasks", type=int, default=50_000,
+                     help="tasks in all, spread over the connectors (default %(default)s)")
+    big.add_argument("--assignor-put-interval-ms", type=int, default=100,
+                     help="pause between the resizes that trigger runs (default %(default)s)")
+    parser.add_argument("--json", action="store_true", help="print JSON")
+    return parser
+
+
+def _print_text(result: dict[str, Any]) -> None:
+    figures = ("heartbeats_per_s", "p50_ms", "p99_ms", "p999_ms", "max_ms", "heartbeats",
+               "errors", "unstable", "unanswered", "load_cpu", "server_cpu", "assignor_cpu",
+               "server_us_per_heartbeat")
+    load = result.get("assignor_load")
+    if load is None:
+        for key in figures:
+            if key in result:
+                print(f"{key:>24}  {result[key]}")
+    else:
+        print(f"{'':>24}  {'baseline':>14}  {'assignor load':>14}")
+        for key in figures:
+            if key in result or key in load:
+                print(f"{key:>24}  {result.get(key)!s:>14}  {load.get(key)!s:>14}")
+        for key in ("runs", "runs_failed", "run_ms_mean", "in_flight_share", "puts"):
+            print(f"{key:>24}  {'':>14}  {load[key]!s:>14}")
+        print(f"{'p99 ratio':>24}  {result['p99_ratio']}")
+    for key, value in result.items():
+        if key not in figures and key not in ("assignor_load", "p99_ratio"):
+            print(f"{key:>24}  {value}")
+
+
+def _bench_errors(raised: BaseException) -> list[BenchError]:
+    """The BenchErrors in what trio raised (its nurseries wrap errors in groups)."""
+    if isinstance(raised, BenchError):
+        return [raised]
+    if isinstance(raised, BaseExceptionGroup):
+        return [leaf for inner in raised.exceptions for leaf in _bench_errors(inner)]
+    return []
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="connect-coordinator bench heartbeats",
-        description="Stable-heartbeat throughput and latency over TCP (see the module doc).",
-    )
-    parser.add_argument("--bootstrap", metavar="HOST:PORT",
-                        help="use a running coordinator instead of starting one in-process")
-    parser.add_argument("--admin", metavar="URL",
-                        help="its admin API base URL (required with --bootstrap)")
-    parser.add_argument("--group", default="bench", help="group id (default %(default)s)")
-    parser.add_argument("--members", type=int, default=200, help="default %(default)s")
-    parser.add_argument("--connectors", type=int, default=2, help="default %(default)s")
-    parser.add_argument("--tasks", type=int, default=50, help="tasks per connector "
-                        "(default %(default)s)")
-    parser.add_argument("--processes", type=int, default=2,
-                        help="load processes (default %(default)s)")
-    parser.add_argument("--connections", type=int, default=4,
-                        help="connections per load process (default %(default)s)")
-    parser.add_argument("--pipeline", type=int, default=2,
-                        help="requests in flight per connection (default %(default)s)")
-    parser.add_argument("--duration", type=float, default=10.0,
-                        help="measured seconds, after a 1 s warm-up (default %(default)s)")
-    parser.add_argument("--settle-timeout", type=float, default=120.0,
-                        help="seconds to wait for the group to become stable")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="server config for the in-process coordinator (repeatable)")
-    parser.add_argument("--json", action="store_true", help="print JSON")
+    parser = build_parser()
     args = parser.parse_args(argv)
-    if args.members < 1 or args.processes < 1 or args.connections < 1 or args.pipeline < 1:
-        parser.error("--members, --processes, --connections and --pipeline must be >= 1")
-    if args.bootstrap:
-        if not args.admin:
-            parser.error("--bootstrap needs --admin (connectors are created through it)")
-        host, port = _address(args.bootstrap)
-        report = trio.run(_measure, host, port, args.admin.rstrip("/"), args)
-    else:
-        report = trio.run(_run_in_process, args)
+    if min(args.processes, args.groups, args.workers_per_group, args.connectors,
+           args.rounds) < 1 or args.tasks < 0 or args.interval_ms < 0 or args.duration <= 0:
+        parser.error("--processes, --groups, --workers-per-group, --connectors and --rounds "
+                     "must be >= 1, --tasks and --interval-ms >= 0, --duration > 0")
+    if args.assignor_load and min(args.assignor_workers, args.assignor_connectors,
+                                  args.assignor_tasks) < 1:
+        parser.error("--assignor-workers, --assignor-connectors and --assignor-tasks "
+                     "must be >= 1")
+    if args.bootstrap and not args.admin:
+        parser.error("--bootstrap needs --admin (connectors are created through it)")
+    try:
+        result = trio.run(run_bench, args)
+    except (BenchError, BaseExceptionGroup) as raised:
+        problems = _bench_errors(raised)
+        if not problems:
+            raise
+        for problem in problems:
+            print(f"{PROG}: {problem}", file=sys.stderr)
+        return 1
     if args.json:
-        print(json.dumps(report))
+        print(json.dumps(result))
     else:
-        for key, value in report.items():
-            print(f"{key:>24}  {value}")
-    target = report["heartbeats_per_s"] >= 10_000 and report["p99_ms"] < 5.0
-    print(f"target (>= 10000 heartbeats/s, p99 < 5 ms): {'met' if target else 'NOT met'}",
+        _print_text(result)
+    met = result["heartbeats_per_s"] >= 10_000 and result["p99_ms"] < 5.0
+    print(f"target (>= 10000 heartbeats/s, p99 < 5 ms): {'met' if met else 'NOT met'}",
           file=sys.stderr)
-    return 0 if report["errors"] == 0 else 1
+    if "p99_ratio" in result and result["p99_ratio"] is not None:
+        met = result["p99_ratio"] < TARGET_P99_RATIO
+        print(f"target (p99 with a run in flight < {TARGET_P99_RATIO} x without): "
+              f"{'met' if met else 'NOT met'}", file=sys.stderr)
+    return 0 if not result["errors"] and not result["worker_failures"] else 1
 
 
 if __name__ == "__main__":
+    if sys.argv[1:] == [LOAD_PROCESS_FLAG]:
+        sys.exit(load_process_main())
     sys.exit(main())

@@ -89,12 +89,18 @@ class WorkerConfig:
     server_assignor: str | None = None
     retry_backoff_ms: int = 100
     retry_backoff_max_ms: int = 5_000
+    # Heartbeat at this pace instead of the coordinator's HeartbeatIntervalMs (None: obey
+    # the coordinator). For load generators such as `bench heartbeats`; 0: back to back.
+    heartbeat_interval_override_ms: int | None = None
 
     def __post_init__(self) -> None:
         if not self.group_id or not self.worker_url or not self.member_id:
             raise ValueError("group_id, worker_url and member_id must be non-empty")
         if self.rebalance_timeout_ms <= 0 or self.session_timeout_ms <= 0:
             raise ValueError("timeouts must be positive")
+        override = self.heartbeat_interval_override_ms
+        if override is not None and override < 0:
+            raise ValueError("heartbeat_interval_override_ms must be >= 0")
 
 
 @dataclass(frozen=True, slots=True)
@@ -269,7 +275,9 @@ class WorkerState:
                   in_flight: _InFlight, now_ms: int) -> Actions:
         self.phase = Phase.MEMBER
         self.member_epoch = response.member_epoch
-        if response.heartbeat_interval_ms > 0:
+        if self.config.heartbeat_interval_override_ms is not None:
+            self.heartbeat_interval_ms = self.config.heartbeat_interval_override_ms
+        elif response.heartbeat_interval_ms > 0:
             self.heartbeat_interval_ms = response.heartbeat_interval_ms
         self._acked = dict(in_flight.fields)
         self._full = False
