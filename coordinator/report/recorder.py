@@ -27,6 +27,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from coordinator.urls import open_url
+
 Sample = tuple[float, str, dict[str, str], float]
 
 DEFAULT_JOB = "connect-coordinator"
@@ -127,7 +129,7 @@ def metrics_url(url: str) -> str:
 
 def fetch_text(url: str, timeout: float) -> str:
     request = urllib.request.Request(url, headers={"Accept": "text/plain;version=0.0.4"})
-    with urllib.request.urlopen(request, timeout=timeout) as response:
+    with open_url(request, timeout) as response:
         charset = response.headers.get_content_charset() or "utf-8"
         body: bytes = response.read()
         return body.decode(charset)
@@ -239,7 +241,7 @@ class PrometheusClient:
     def get(self, path: str, params: Sequence[tuple[str, str]]) -> Any:
         url = f"{self.base_url}{path}?{urllib.parse.urlencode(params)}"
         try:
-            with urllib.request.urlopen(url, timeout=self.timeout) as response:
+            with open_url(url, self.timeout) as response:
                 document = json.loads(response.read())
         except urllib.error.HTTPError as error:
             # Prometheus explains a 400/422 in the JSON body; show that, not just the code.

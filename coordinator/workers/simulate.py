@@ -28,6 +28,7 @@ from typing import Any
 import trio
 
 from coordinator.units import Unit, format_unit, units_of
+from coordinator.urls import open_url
 from coordinator.workers.host import RemoteHost, Traffic, WorkerHost, WorkerSpec, unit_of
 
 PROG = "connect-coordinator simulate"
@@ -104,7 +105,7 @@ class Admin:
         request = urllib.request.Request(self.base_url + path, data=data, method=method,
                                          headers={"Content-Type": "application/json"})
         try:
-            with urllib.request.urlopen(request, timeout=5) as response:
+            with open_url(request, 5) as response:
                 return response.status, json.loads(response.read() or b"null")
         except urllib.error.HTTPError as error:
             raw = error.read()
