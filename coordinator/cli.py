@@ -41,6 +41,9 @@ def _serve_parser(commands: Any) -> None:
                        help="admin HTTP API, /metrics, /healthz, /readyz (default %(default)s)")
     serve.add_argument("--data-dir", default="./data", type=Path, metavar="DIR",
                        help="where the record log lives; created if missing (default %(default)s)")
+    serve.add_argument("--in-memory", action="store_true",
+                       help="keep state in memory only, with no log: nothing survives a "
+                            "restart (throwaway test clusters, benchmarks)")
     serve.add_argument("--config", type=Path, metavar="FILE.toml",
                        help="a TOML file of server config keys (see README)")
     serve.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -133,6 +136,8 @@ def _forward(module: str, function: str, argv: list[str]) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from functools import partial
+
     import trio
 
     from coordinator.config import ConfigError, load_config
@@ -151,7 +156,8 @@ def _serve(args: argparse.Namespace) -> int:
             raise ConfigError(f"group.connect.server.assignors: {error}") from None
         listen = parse_address(args.listen)
         admin = parse_address(args.admin_listen)
-        args.data_dir.mkdir(parents=True, exist_ok=True)
+        if not args.in_memory:
+            args.data_dir.mkdir(parents=True, exist_ok=True)
     except (ConfigError, ValueError) as error:
         print(f"connect-coordinator: {error}", file=sys.stderr)
         return 2
@@ -162,7 +168,9 @@ def _serve(args: argparse.Namespace) -> int:
 
     async def serve_until_signalled() -> None:
         async with trio.open_nursery() as nursery:
-            handle = await nursery.start(run_server, config, listen, admin, args.data_dir)
+            data_dir = None if args.in_memory else args.data_dir
+            handle = await nursery.start(partial(run_server, config, listen, admin, data_dir,
+                                                 tune_gc=True))
             with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
                 async for _ in signals:
                     handle.stop()

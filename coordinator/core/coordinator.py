@@ -813,15 +813,23 @@ class GroupCoordinator:
         self._apply_run(group, run, result, change, now_ms)
 
     def complete_assignor_run(
-        self, run: AssignorRun, outcome: AssignmentResult | BaseException, now_ms: int
+        self,
+        run: AssignorRun,
+        outcome: AssignmentResult | BaseException,
+        now_ms: int,
+        verified: bool = False,
     ) -> Result[None]:
-        """An offloaded run landed (or failed, or timed out): apply it with what changed."""
+        """An offloaded run landed (or failed, or timed out): apply it with what changed.
+
+        `verified`: the worker checked that every unit is one of the spec's and is given at
+        most once, so those checks need not be repeated here.
+        """
         change = _Change(self.store)
         group = self.store.groups.get(run.group_id)
         if group is None or group.assignor_run is None or group.assignor_run.run_id != run.run_id:
             return change.result(None)  # the group was deleted (or reset) meanwhile
         group.assignor_run = None
-        self._apply_run(group, run, outcome, change, now_ms)
+        self._apply_run(group, run, outcome, change, now_ms, verified)
         self._maybe_new_target(group, change, now_ms)
         return change.result(None)
 
@@ -832,6 +840,7 @@ class GroupCoordinator:
         outcome: AssignmentResult | BaseException,
         change: _Change,
         now_ms: int,
+        verified: bool = False,
     ) -> None:
         name = run.assignor
         if isinstance(outcome, BaseException):
@@ -842,7 +851,10 @@ class GroupCoordinator:
             )
             change.timers.append(TimerSet(_timer(ASSIGNMENT_TIMER, group.group_id), retry_at))
             return
-        units = group.units
+        # A verified result over the connectors the group still has needs no filtering:
+        # each member's set is kept as it is (the same object, cheap to compare).
+        trusted = verified and run.spec.connectors == group.connectors
+        units = None if trusted else group.units
         parts: dict[str, TargetPart] = {}
         seen: set[Unit] = set()
         for member_id, member_units in outcome.target.items():
@@ -855,6 +867,9 @@ class GroupCoordinator:
                 owner = group.instances.get(instance, "") if instance else ""
                 if owner not in group.members:
                     continue
+            if units is None:
+                parts[owner] = TargetPart(frozenset(member_units))
+                continue
             kept = member_units & units  # units deleted meanwhile are dropped
             if not seen.isdisjoint(kept):
                 change.event(
@@ -908,7 +923,7 @@ class GroupCoordinator:
             assignor=assignor,
             error=error,
             assigned=assigned,
-            unassigned=len(group.units) - assigned,
+            unassigned=group.unit_count - assigned,
         )
 
     # ------------------------------------------------------------------ client-side flow

@@ -117,6 +117,11 @@ class Group:
         return self._units
 
     @property
+    def unit_count(self) -> int:
+        """len(units), without building them: each connector plus its tasks."""
+        return len(self.connectors) + sum(self.connectors.values())
+
+    @property
     def state(self) -> str:
         """EMPTY / ASSIGNING / RECONCILING / STABLE, in O(1)."""
         if not self.members:

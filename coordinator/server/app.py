@@ -17,6 +17,7 @@ from coordinator.config import ServerConfig
 from coordinator.core.coordinator import GroupCoordinator
 from coordinator.log.files import FileLayer
 from coordinator.metrics import Metrics
+from coordinator.server import memory
 from coordinator.server.admin import build_admin_app
 from coordinator.server.kafka import KafkaServer
 from coordinator.server.runtime import Clock, RecordSink, Runtime
@@ -52,6 +53,7 @@ async def run_server(
     clock: Clock | None = None,
     sink: RecordSink | None = None,
     file_layer: FileLayer | None = None,
+    tune_gc: bool = False,
     task_status: trio.TaskStatus[ServerHandle] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve until `ServerHandle.stop()`, then shut down gracefully.
@@ -59,7 +61,11 @@ async def run_server(
     With a data dir the state lives in the record log there: it is replayed before the
     server reports ready (KRPC answers COORDINATOR_LOAD_IN_PROGRESS meanwhile).
     `file_layer` replaces the OS file layer under the log (tests inject faults with it).
+    `tune_gc`: the process is the coordinator's own (`serve`): tune the garbage collector
+    for it (coordinator/server/memory.py).
     """
+    if tune_gc:
+        memory.tune_collector()
     core = GroupCoordinator(config, load_assignors(config.server_assignors))
     metrics = Metrics(lambda: core, per_group_max=config.metrics_per_group_max,
                       data_dir=data_dir if sink is None else None)
@@ -91,6 +97,9 @@ async def run_server(
         admin_port = int(binds[0].rsplit(":", 1)[1])
         handle = ServerHandle(runtime, kafka_port, admin_port)
         await runtime.wait_ready()
+        if tune_gc:
+            memory.freeze_loaded_state()
+            nursery.start_soon(memory.collect_periodically)
         if log_sink is not None:  # compaction runs in a thread, never on the request path
             nursery.start_soon(compact_periodically, log_sink, config, runtime.now_ms,
                                metrics)

@@ -372,6 +372,8 @@ async def _subprocess(args: argparse.Namespace) -> AsyncIterator[Target]:
                    "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0",
                    "--data-dir", str(Path(tmp) / "data"), "--log-format", "json",
                    "--log-level", "info"]
+        if args.in_memory:
+            command.append("--in-memory")
         for item in args.set:
             command += ["--set", item]
         process = await trio.lowlevel.open_process(command, stdin=subprocess.DEVNULL,
@@ -807,6 +809,8 @@ def _config(args: argparse.Namespace) -> dict[str, Any]:
     config: dict[str, Any] = {
         "coordinator": ("bootstrap " + args.bootstrap if args.bootstrap
                         else "in-process" if args.in_process else "subprocess"),
+        "log": ("unknown" if args.bootstrap else "none (in memory)"
+                if args.in_memory or args.in_process else "durable"),
         "processes": args.processes,
         "groups": args.groups,
         "workers_per_group": args.workers_per_group,
@@ -837,6 +841,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="use a running coordinator instead of starting one")
     where.add_argument("--admin", metavar="URL",
                        help="its admin API base URL (required with --bootstrap)")
+    where.add_argument("--in-memory", action="store_true",
+                       help="start the coordinator with `serve --in-memory` (no log), to "
+                            "compare with the durable default")
     where.add_argument("--in-process", action="store_true",
                        help="run the coordinator inside the bench process (default: its own "
                             "subprocess, so client and server CPU stay apart)")

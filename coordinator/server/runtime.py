@@ -36,7 +36,8 @@ import structlog
 import trio
 import trio_parallel
 
-from coordinator.assignors.api import AssignmentResult, AssignmentSpec, ServerAssignor
+from coordinator.assignors.api import AssignmentResult
+from coordinator.assignors.transport import SpecPacker, expand, run_packed
 from coordinator.config import ServerConfig
 from coordinator.core.coordinator import GroupCoordinator
 from coordinator.core.result import AssignorRun, Event, Record, Result, TimerKey, TimerOp, TimerSet
@@ -223,11 +224,6 @@ class LogLoader(Protocol):
 INSTALL_OFFLOAD_UNITS = 4_000
 
 
-def run_assignor_in_worker(assignor: ServerAssignor, spec: AssignmentSpec) -> AssignmentResult:
-    """Executed in a trio-parallel worker process; module level so it pickles."""
-    return assignor.assign(spec)
-
-
 class NotDurable(ApiError):
     """The records of a change could not be written; the change was rolled back."""
 
@@ -276,6 +272,8 @@ class Runtime:
         self._unconfirmed: list[Result[Any]] = []
         # Group id -> now_ms of the group epoch bump that started its rebalance.
         self._rebalance_started: dict[str, int] = {}
+        # Group id -> the packer that keeps its large target sets pickled between runs.
+        self._packers: dict[str, SpecPacker] = {}
         # Installs listing at least this many units are checked in a thread first.
         self.install_offload_units = INSTALL_OFFLOAD_UNITS
 
@@ -484,9 +482,19 @@ class Runtime:
             raise RuntimeError("Runtime.run() is not running; cannot start an assignor run")
         self._nursery.start_soon(self._run_job, run)
 
+    def _packer_for(self, group_id: str) -> SpecPacker:
+        packer = self._packers.get(group_id)
+        if packer is None:
+            if len(self._packers) > len(self.core.store.groups):  # forget deleted groups
+                for gone in [g for g in self._packers if g not in self.core.store.groups]:
+                    del self._packers[gone]
+            packer = self._packers[group_id] = SpecPacker()
+        return packer
+
     async def _run_job(self, run: AssignorRun) -> None:
         assignor = self.core.assignors[run.assignor]
         outcome: AssignmentResult | BaseException
+        verified = False
         timeout_s = self.config.assignor_run_timeout_ms / 1000.0
         started = time.perf_counter()
         label = "ok"
@@ -501,10 +509,13 @@ class Runtime:
                         self._limiter.borrowed_tokens / self._limiter.total_tokens)
                     running = time.perf_counter()
                     try:
-                        outcome = await self._worker_context.run_sync(
-                            run_assignor_in_worker, assignor, run.spec,
+                        packed = self._packer_for(run.group_id).pack(assignor, run.spec)
+                        compact_result = await self._worker_context.run_sync(
+                            run_packed, packed,
                             kill_on_cancel=True, limiter=trio.CapacityLimiter(1),
                         )
+                        outcome = expand(run.spec, compact_result)
+                        verified = compact_result.verified
                     finally:
                         metrics.assignor_run_seconds.labels(run.assignor).observe(
                             time.perf_counter() - running)
@@ -524,6 +535,7 @@ class Runtime:
                  run=run.run_id, outcome=label,
                  duration_ms=round((time.perf_counter() - started) * 1000, 2))
         try:
-            await self.complete(self.core.complete_assignor_run(run, outcome, self.clock.now_ms()))
+            await self.complete(self.core.complete_assignor_run(
+                run, outcome, self.clock.now_ms(), verified))
         except Exception:
             log.exception("assignor_result_failed", group=run.group_id, run=run.run_id)

@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import pickle
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
 from coordinator.assignors.api import AssignmentResult
+from coordinator.assignors.transport import SpecPacker, expand, run_packed
 from coordinator.config import ServerConfig
 from protocol.errors import ErrorCode
 
@@ -108,3 +115,40 @@ def test_inline_when_offload_is_disabled_for_the_group() -> None:
     response = ctx.join(G, "w1", server_assignor=RR)
     assert not ctx.jobs
     assert wire_units(response.assignment.assigned) == units("A", "A-0", "A-1", "A-2")
+
+
+def finish_through_the_pool_transport(ctx: Context, job: Any) -> None:
+    """What the runtime does: pack, run in the worker, compact, expand, apply verified."""
+    packed = SpecPacker().pack(ctx.assignors[job.assignor], job.spec)
+    compact_result = run_packed(pickle.loads(pickle.dumps(packed)))
+    ctx.apply(ctx.core.complete_assignor_run(job, expand(job.spec, compact_result), ctx.now,
+                                             compact_result.verified))
+
+
+def _missed_changes(ctx: Context, finish: Callable[[Context, Any], None],
+                    meanwhile: str) -> None:
+    ctx.join(G, "m1", instance_id="i1", server_assignor=RR)
+    ctx.join(G, "w2", server_assignor=RR)
+    finish(ctx, ctx.jobs.pop())
+    ctx.join(G, "w3", server_assignor=RR)
+    job = ctx.jobs.pop()
+    if meanwhile == "member left":
+        ctx.heartbeat(G, "w2", -1)
+    elif meanwhile == "connector deleted":
+        ctx.apply(ctx.core.delete_connector(G, "A", ctx.now))
+    elif meanwhile == "static member replaced":
+        ctx.heartbeat(G, "m1", -2, instance_id="i1")
+        ctx.join(G, "m9", instance_id="i1", server_assignor=RR, worker_url="http://m1:8083")
+    finish(ctx, job)
+
+
+@pytest.mark.parametrize("meanwhile", ["nothing", "member left", "connector deleted",
+                                       "static member replaced"])
+def test_the_pool_transport_lands_runs_exactly_like_a_direct_result(meanwhile: str) -> None:
+    direct, packed = offload_context(), offload_context()
+    for ctx in (direct, packed):
+        ctx.put_connector(G, "B", 20)
+    _missed_changes(direct, lambda ctx, job: ctx.finish_job(job), meanwhile)
+    _missed_changes(packed, finish_through_the_pool_transport, meanwhile)
+    assert packed.describe(G) == direct.describe(G)
+    assert packed.log == direct.log

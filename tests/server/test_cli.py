@@ -97,6 +97,8 @@ async def test_serve_logs_ready_and_exits_0_on_sigterm(tmp_path: Path) -> None:
         ready = [line for line in lines if line.get("event") == "ready"]
         assert len(ready) == 1, lines
         assert data_dir.is_dir()
+        # `serve` owns its process: the loaded state is kept out of the collector's scans
+        assert [line for line in lines if line.get("event") == "gc_frozen"], lines
         host, _, port = ready[0]["listen"].rpartition(":")
         async with await KafkaClient.connect(host, int(port)) as client:
             response = await client.request(18, api_versions_request(3), 3)
@@ -112,6 +114,42 @@ async def test_serve_logs_ready_and_exits_0_on_sigterm(tmp_path: Path) -> None:
             process.kill()
             await process.wait()
         await process.stderr.aclose()
+
+
+async def test_serve_in_memory_writes_nothing(tmp_path: Path) -> None:
+    data_dir = tmp_path / "data"
+    process = await trio.lowlevel.open_process(
+        [*CLI, "serve", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0",
+         "--data-dir", str(data_dir), "--in-memory"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=tmp_path,
+    )
+    assert process.stderr is not None
+    lines: list[dict[str, Any]] = []
+    try:
+        with trio.fail_after(30):
+            await _read_json_lines(process.stderr, lines, "ready")
+        ready = next(line for line in lines if line.get("event") == "ready")
+        assert ready["data_dir"] is None
+        admin = ready["admin"]
+        status, _body = await trio.to_thread.run_sync(
+            _put_connector, f"{admin}/groups/g/connectors/a")
+        assert status == 200
+        process.send_signal(signal.SIGTERM)
+        with trio.fail_after(30):
+            assert await process.wait() == 0
+        assert not data_dir.exists()  # noqa: ASYNC240 - a check after the process ended
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+        await process.stderr.aclose()
+
+
+def _put_connector(url: str) -> tuple[int, bytes]:
+    import urllib.request
+    request = urllib.request.Request(url, data=b'{"tasks": 2}', method="PUT")
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return response.status, response.read()
 
 
 async def test_describe_command(server: ServerHandle) -> None:

@@ -1,0 +1,138 @@
+"""Moving assignor runs to a worker process and back with little work on the event loop.
+
+A spec for 1,000 members and 50,000 units pickles in about 14 ms and a full result unpickles
+in about 12 ms, both on the coordinator's event loop. Between two runs of a group most
+members' targets are the same frozenset objects, so:
+
+* :class:`SpecPacker` pickles each large target set once and reuses the bytes while the set
+  lives on (the spec refers to them by index, through pickle's persistent ids);
+* :func:`run_packed` (in the worker process) unpacks the spec, runs the assignor, checks the
+  result (every unit known to the spec and given at most once) and sends back only the
+  members whose target changed;
+* :func:`expand` rebuilds the full result on the event loop from the spec's own sets, so an
+  unchanged member's target is the very object it was, and comparing it costs nothing.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+from dataclasses import dataclass, field
+from typing import Any
+
+from coordinator.assignors.api import AssignmentResult, AssignmentSpec, ServerAssignor
+from coordinator.units import Unit, units_of
+
+# Sets smaller than this are pickled inline: a persistent id would cost more than it saves.
+SHARED_SET_MIN = 16
+PROTOCOL = pickle.HIGHEST_PROTOCOL
+
+
+@dataclass(frozen=True, slots=True)
+class PackedRun:
+    payload: bytes  # the pickled (assignor, spec), large sets replaced by indexes
+    sets: tuple[bytes, ...]  # the pickled large sets, by index
+
+
+@dataclass(frozen=True, slots=True)
+class CompactResult:
+    """An AssignmentResult as the worker sends it back."""
+
+    changed: dict[str, frozenset[Unit]]  # members whose target differs from the previous
+    unchanged: tuple[str, ...]  # members whose target is exactly their previous one
+    state: bytes = b""
+    rerun_at_ms: int | None = None
+    extra: dict[str, object] = field(default_factory=dict)
+    # Every unit is one the spec's connectors define, and none is given to two members.
+    verified: bool = False
+
+
+class _SpecPickler(pickle.Pickler):
+    def __init__(self, buffer: io.BytesIO, packer: SpecPacker) -> None:
+        super().__init__(buffer, PROTOCOL)
+        self.packer = packer
+
+    def persistent_id(self, obj: Any) -> int | None:
+        if type(obj) is frozenset and len(obj) >= SHARED_SET_MIN:
+            return self.packer.index_of(obj)
+        return None
+
+
+class SpecPacker:
+    """Pickles assignor runs, keeping the bytes of large sets that are still in use."""
+
+    def __init__(self) -> None:
+        self._known: dict[int, tuple[frozenset[Unit], bytes]] = {}
+        self._used: dict[int, tuple[frozenset[Unit], bytes]] = {}
+        self._order: dict[int, int] = {}
+        self._sets: list[bytes] = []
+        self.pickled_sets = 0  # sets that had to be pickled (for tests and benchmarks)
+
+    def index_of(self, units: frozenset[Unit]) -> int:
+        key = id(units)
+        index = self._order.get(key)
+        if index is None:
+            entry = self._known.get(key)
+            # The object must be the same, not just the id: ids are reused after death.
+            if entry is None or entry[0] is not units:
+                entry = (units, pickle.dumps(units, PROTOCOL))
+                self.pickled_sets += 1
+            self._used[key] = entry
+            index = self._order[key] = len(self._sets)
+            self._sets.append(entry[1])
+        return index
+
+    def pack(self, assignor: ServerAssignor, spec: AssignmentSpec) -> PackedRun:
+        self._used, self._order, self._sets = {}, {}, []
+        buffer = io.BytesIO()
+        _SpecPickler(buffer, self).dump((assignor, spec))
+        # Keep only what this spec used: the sets of the next spec are mostly these.
+        self._known = self._used
+        return PackedRun(buffer.getvalue(), tuple(self._sets))
+
+
+class _SpecUnpickler(pickle.Unpickler):
+    def __init__(self, payload: bytes, sets: list[frozenset[Unit]]) -> None:
+        super().__init__(io.BytesIO(payload))
+        self.sets = sets
+
+    def persistent_load(self, pid: Any) -> frozenset[Unit]:
+        return self.sets[int(pid)]
+
+
+def unpack(packed: PackedRun) -> tuple[ServerAssignor, AssignmentSpec]:
+    sets = [pickle.loads(blob) for blob in packed.sets]
+    assignor, spec = _SpecUnpickler(packed.payload, sets).load()
+    return assignor, spec
+
+
+def compact(spec: AssignmentSpec, result: AssignmentResult) -> CompactResult:
+    changed: dict[str, frozenset[Unit]] = {}
+    unchanged: list[str] = []
+    given: set[Unit] = set()
+    listed = 0
+    for member_id, units in result.target.items():
+        units = frozenset(units)
+        given |= units
+        listed += len(units)
+        if spec.previous_target.get(member_id) == units:
+            unchanged.append(member_id)
+        else:
+            changed[member_id] = units
+    verified = listed == len(given) and given <= units_of(spec.connectors)
+    return CompactResult(changed, tuple(unchanged), result.state, result.rerun_at_ms,
+                         dict(result.extra), verified)
+
+
+def run_packed(packed: PackedRun) -> CompactResult:
+    """Executed in a worker process: unpack, assign, check and compact."""
+    assignor, spec = unpack(packed)
+    return compact(spec, assignor.assign(spec))
+
+
+def expand(spec: AssignmentSpec, result: CompactResult) -> AssignmentResult:
+    """The full result again, with the spec's own set objects for unchanged members."""
+    target: dict[str, frozenset[Unit]] = {
+        member_id: spec.previous_target[member_id] for member_id in result.unchanged}
+    target.update(result.changed)
+    return AssignmentResult(target, result.state, result.rerun_at_ms, result.extra)
