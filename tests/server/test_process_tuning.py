@@ -1,4 +1,4 @@
-"""The timed collection `serve` relies on once automatic collection is off."""
+"""How `serve` tunes its process: timed garbage collection, lower-priority assignor workers."""
 
 from __future__ import annotations
 
@@ -32,3 +32,15 @@ async def test_cycles_are_collected_on_the_timer_and_gc_is_back_on_after() -> No
         assert gc.isenabled()
     finally:
         gc.enable()
+
+
+async def test_assignor_worker_processes_run_at_a_lower_priority() -> None:
+    import os
+
+    import trio_parallel
+
+    from coordinator.server.runtime import ASSIGNOR_NICENESS, lower_priority
+
+    async with trio_parallel.open_worker_context(init=lower_priority) as context:
+        niceness = await context.run_sync(os.nice, 0)
+    assert niceness == min(19, os.nice(0) + ASSIGNOR_NICENESS)
