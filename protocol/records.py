@@ -15,6 +15,8 @@ import dataclasses
 import re
 from typing import NamedTuple, TypeAlias, TypeVar
 
+from kio.serial import entity_reader
+
 from protocol._codec import INT16, EntityDecodeError, entity_bytes, read_entity
 from protocol.messages import (
     ConnectGroupConfigurationKey,
@@ -164,7 +166,30 @@ def _read_whole(entity_type: type[_Entity], data: bytes, what: str) -> _Entity:
     return entity
 
 
+# Type id -> (key reader, value reader): kio's native readers, looked up once.
+_READERS = {
+    type_id: (entity_reader(key_type), entity_reader(value_type))
+    for type_id, (key_type, value_type) in RECORD_TYPES.items()
+}
+_VALUE_VERSION_BYTES = INT16.pack(VALUE_VERSION)
+
+
 def decode_record(key_bytes: bytes, value_bytes: bytes | None) -> DecodedRecord:
+    # Start-up replays every record through here: the common case goes straight to the
+    # native readers, and anything unusual is decoded again the careful way, which says
+    # what is wrong.
+    try:
+        key_reader, value_reader = _READERS[int.from_bytes(key_bytes[:2], "big", signed=True)]
+        key, key_size = key_reader(key_bytes, 2)
+        if key_size + 2 == len(key_bytes):
+            if value_bytes is None:
+                return DecodedRecord(key, None)
+            if value_bytes[:2] == _VALUE_VERSION_BYTES:
+                value, value_size = value_reader(value_bytes, 2)
+                if value_size + 2 == len(value_bytes):
+                    return DecodedRecord(key, value)
+    except Exception:  # noqa: S110 - the careful path below raises the right error
+        pass
     key = decode_key(key_bytes)
     return DecodedRecord(key, decode_value(key, value_bytes))
 
