@@ -27,7 +27,7 @@ from typing import Any
 
 import trio
 
-from coordinator.units import Unit, format_unit, units_of
+from coordinator.units import CONNECTOR, Unit, format_unit, units_of
 from coordinator.urls import open_url
 from coordinator.workers.host import RemoteHost, Traffic, WorkerHost, WorkerSpec, unit_of
 
@@ -254,6 +254,19 @@ class Simulation:
             config.setdefault("scheduled.rebalance.max.delay.ms", options.rebalance_delay_ms)
         if config:
             await self.admin.checked("PUT", f"/groups/{group}/config", config)
+        # The group may run connectors of its own besides ours (an earlier run with more
+        # connectors, say): convergence means every unit of the group runs exactly once.
+        view = await self.admin.checked("GET", f"/groups/{group}")
+        held = view["connectors_and_tasks"]
+        self.units = frozenset(
+            [(name, CONNECTOR) for name in held["connectors"]]
+            + [(task["connector"], task["task"]) for task in held["tasks"]])
+        self.unit_names = frozenset(format_unit(unit) for unit in self.units)
+        extra = sorted({name for name, _ in self.units} - set(self.connectors))
+        if extra:
+            self.say(f"the group also runs {len(extra)} connector(s) not created by this "
+                     f"run ({', '.join(extra[:5])}{', ...' if len(extra) > 5 else ''}); "
+                     "they count towards convergence")
         effective = (await self.admin.checked("GET", f"/groups/{group}/config"))["effective"]
         self.session_timeout_ms = int(effective["connect.session.timeout.ms"])
         delay = options.rebalance_delay_ms
@@ -436,6 +449,7 @@ class Simulation:
     # -------------------------------------------------------------- the whole run
     async def run(self) -> dict[str, Any]:
         options = self.options
+        self.started = trio.current_time()
         spec = await self.prepare()
         self.started = trio.current_time()
         self.started_monotonic_ms = time.monotonic_ns() / 1e6

@@ -133,6 +133,16 @@ async def test_a_quiet_group_converges_with_every_unit_once(nursery: trio.Nurser
     handle.stop()
 
 
+async def test_connectors_the_run_did_not_create_count_too(nursery: trio.Nursery) -> None:
+    handle: ServerHandle = await nursery.start(run_server, FAST, ("127.0.0.1", 0),
+                                               ("127.0.0.1", 0))
+    await handle.runtime.put_connector("connect-cluster", "legacy", 2)  # an earlier run's
+    report = await simulate_against(handle, "--duration", "0.5")
+    assert report["converged"] is True
+    assert report["final"]["units"] == report["final"]["units_running"] == 8 + 3
+    handle.stop()
+
+
 async def test_a_worker_that_never_stops_revoked_units_is_caught(
         nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch) -> None:
     """The check can fail: workers that ignore revocations run units twice."""
