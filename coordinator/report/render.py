@@ -193,15 +193,21 @@ def _table_html(table: Table, heading: str = "h2") -> str:
         for column in table.columns:
             value = row.get(column)
             css = ' class="missing"' if row.get("status") == "missing" else ""
-            cells.append(f"<td{css}>{html.escape(_format(value))}</td>")
+            text = _format(value)
+            if column == "value" and "unix" in str(row.get("figure", "")) \
+                    and isinstance(_plain(value), (int, float)):
+                # a moment, not a quantity: a reader wants the date (the CSV keeps the number)
+                text = datetime.fromtimestamp(float(_plain(value)), UTC).strftime(
+                    "%Y-%m-%d %H:%M:%S UTC")
+            cells.append(f"<td{css}>{html.escape(text)}</td>")
         body.append("<tr>" + "".join(cells) + "</tr>")
     note = f"<p class=note>{html.escape(table.note)}</p>" if table.note else ""
     link = f' <a href="{html.escape(table.name)}.csv">CSV</a>'
     return (
         f"<{heading} id=\"{html.escape(table.name)}\">{html.escape(table.title)}{link}"
-        f"</{heading}>{note}<table><thead><tr>{head}</tr></thead><tbody>"
+        f"</{heading}>{note}<div class=scroll><table><thead><tr>{head}</tr></thead><tbody>"
         + "".join(body)
-        + "</tbody></table>"
+        + "</tbody></table></div>"
     )
 
 
@@ -214,6 +220,7 @@ td:first-child, th:first-child { text-align: left; }
 td.missing { color: #a33; }
 p.note { color: #555; font-size: 0.9em; }
 img { max-width: 100%; border: 1px solid #ddd; margin: 0.5em 0; }
+div.scroll { overflow-x: auto; max-width: 100%; }
 h2 a, h3 a { font-size: 0.6em; font-weight: normal; }
 """
 
