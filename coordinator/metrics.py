@@ -32,7 +32,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from coordinator.core.result import ASSIGNMENT_MODES, REBALANCE_TRIGGERS
-from protocol.errors import ErrorCode
+from protocol.errors import ErrorCode, error_name
 
 if TYPE_CHECKING:
     from coordinator.core.coordinator import GroupCoordinator
@@ -85,13 +85,6 @@ SEGMENT_SUFFIX = ".log"  # coordinator.log.segments.SEGMENT_SUFFIX
 def api_name(api_key: int) -> str:
     """The `api` label value of an API key (bounded: unknown keys share one value)."""
     return API_NAMES.get(api_key, UNKNOWN_API)
-
-
-def error_label(code: int) -> str:
-    try:
-        return ErrorCode(code).name
-    except ValueError:
-        return str(code)
 
 
 def member_state(member: Member) -> str:
@@ -347,7 +340,7 @@ class Metrics:
         child = self._request_children.get(key)
         if child is None:
             child = self.requests.labels(
-                API_NAMES.get(api_key, UNKNOWN_API), error_label(error_code)
+                API_NAMES.get(api_key, UNKNOWN_API), error_name(error_code)
             )
             self._request_children[key] = child
         child.inc()

@@ -27,6 +27,14 @@ class ErrorCode(enum.IntEnum):
     INVALID_ASSIGNMENT = 1001
 
 
+def error_name(code: int) -> str:
+    """The name of an error code, or the number for a code this project does not know."""
+    try:
+        return ErrorCode(code).name
+    except ValueError:
+        return str(code)
+
+
 class ApiError(Exception):
     """A request failed with a protocol error code and a message that says why."""
 

@@ -56,7 +56,7 @@ from typing import Any
 import trio
 
 from coordinator.client import KafkaClient
-from protocol.errors import ErrorCode
+from protocol.errors import ErrorCode, error_name
 from protocol.messages import ConnectGroupDescribeRequest, ConnectGroupHeartbeatRequest
 
 PROG = "connect-coordinator bench heartbeats"
@@ -72,13 +72,6 @@ REJOIN = (ErrorCode.UNKNOWN_MEMBER_ID, ErrorCode.FENCED_MEMBER_EPOCH)
 
 class BenchError(Exception):
     """The benchmark could not run (coordinator did not start, groups never settled...)."""
-
-
-def _code_name(code: int) -> str:
-    try:
-        return ErrorCode(code).name
-    except ValueError:
-        return f"ERROR_{code}"
 
 
 # ============================================================================ load process
@@ -114,7 +107,7 @@ class Recorder:
 
     def answered(self, sent: float, request: Any, response: Any) -> None:
         if response.error_code != 0:
-            self.errors[_code_name(response.error_code)] += 1
+            self.errors[error_name(response.error_code)] += 1
         elif request.member_epoch <= 0 or response.assignment is not None:
             self.unstable += 1
         else:

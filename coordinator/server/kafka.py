@@ -44,10 +44,10 @@ class KafkaServer:
         self._idle.set()
         self._accepting: trio.CancelScope | None = None
         self._connections: trio.CancelScope | None = None
-        core = runtime.core
         self._operations = {
-            HEARTBEAT: core.heartbeat,
-            PREPARE: core.prepare_assignment,
+            HEARTBEAT: runtime.heartbeat,
+            PREPARE: runtime.prepare_assignment,
+            INSTALL: runtime.install_assignment,  # large ones are checked in a thread first
         }
 
     async def serve(self, host: str, port: int, *,
@@ -187,10 +187,7 @@ class KafkaServer:
             response: Any = runtime.core.describe(request.body, runtime.now_ms())
             return encode_response(key, version, correlation, response), ErrorCode.NONE
         try:
-            if key == INSTALL:  # large ones are checked in a thread first
-                response = await runtime.install_assignment(request.body)
-            else:
-                response = await runtime.call(self._operations[key], request.body)
+            response = await self._operations[key](request.body)
         except NotDurable:
             code = ErrorCode.COORDINATOR_NOT_AVAILABLE
             return error_response(key, version, correlation, code,

@@ -38,7 +38,7 @@ from coordinator.workers.assignors import (
 from coordinator.workers.registry import UnitRegistry
 from coordinator.workers.state import WorkerConfig
 from coordinator.workers.worker import TRANSPORT_ERRORS, Worker, WorkerFailed
-from protocol.errors import ErrorCode
+from protocol.errors import ErrorCode, error_name
 from protocol.framing import CONNECT_GROUP_HEARTBEAT
 
 
@@ -166,7 +166,7 @@ class FaultyClient:
         if code == ErrorCode.COMPUTE_ASSIGNMENT:
             traffic.compute_assignment += 1  # an instruction, not an error
         elif code:
-            traffic.errors[_error_name(code)] += 1
+            traffic.errors[error_name(code)] += 1
         if link._dropping():
             traffic.dropped += 1  # processed by the coordinator, the answer never arrives
             raise ChaosDrop("response dropped by the simulator")
@@ -174,13 +174,6 @@ class FaultyClient:
 
     async def aclose(self) -> None:
         await self._client.aclose()
-
-
-def _error_name(code: int) -> str:
-    try:
-        return ErrorCode(code).name
-    except ValueError:
-        return str(code)
 
 
 @dataclass(slots=True)

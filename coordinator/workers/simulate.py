@@ -27,7 +27,7 @@ from typing import Any
 
 import trio
 
-from coordinator.units import CONNECTOR, Unit, format_unit, units_of
+from coordinator.units import CONNECTOR, Unit, format_unit
 from coordinator.urls import open_url
 from coordinator.workers.host import RemoteHost, Traffic, WorkerHost, WorkerSpec, unit_of
 
@@ -224,8 +224,9 @@ class Simulation:
         self.rng = random.Random(options.seed)
         self.connectors = {f"connector-{index}": options.tasks_per_connector
                            for index in range(options.connectors)}
-        self.units: frozenset[Unit] = units_of(self.connectors)
-        self.unit_names = frozenset(format_unit(unit) for unit in self.units)
+        # Every unit the group runs, read back from the coordinator in `prepare`.
+        self.units: frozenset[Unit] = frozenset()
+        self.unit_names: frozenset[str] = frozenset()
         self.names = [f"worker-{index:0{len(str(options.workers - 1))}d}"
                       for index in range(options.workers)]
         self.hosts: list[Any] = []
@@ -234,6 +235,7 @@ class Simulation:
         self.initial_convergence_s: float | None = None
         self.started = 0.0
         self.last: Snapshot | None = None
+        self.last_at = -math.inf
         self.restart_failures: list[str] = []
         self.session_timeout_ms = 10_000
         self.started_monotonic_ms = 0.0  # the same moment as `started`, on the shared clock
@@ -305,6 +307,7 @@ class Simulation:
                 running.setdefault(unit, []).extend(holders)
             traffic.add(status["traffic"])
             failures.extend(status["failures"])
+        self.last_at = trio.current_time()
         self.last = Snapshot(
             state=view["state"] if view else None,
             group_epoch=view["group_epoch"] if view else None,
@@ -442,8 +445,10 @@ class Simulation:
                 print(line, file=sys.stderr, flush=True)
 
     async def poll(self) -> None:
+        """Keep `last` fresh for the progress line (`wait_converged` polls faster)."""
         while True:
-            await self.snapshot()
+            if trio.current_time() - self.last_at >= 0.5:
+                await self.snapshot()
             await trio.sleep(0.5)
 
     # -------------------------------------------------------------- the whole run
@@ -536,25 +541,34 @@ def find_violations(runs: list[dict[str, Any]], origin_ms: float) -> list[dict[s
     for unit, unit_runs in sorted(by_unit.items()):
         unit_runs.sort(key=lambda run: run["started_ms"])
         for index, first in enumerate(unit_runs):
-            first_end = math.inf if first["stopped_ms"] is None else first["stopped_ms"]
+            first_end = _end_ms(first)
             for second in unit_runs[index + 1:]:
                 if second["started_ms"] >= first_end:
                     break
+                overlap_end = min(first_end, _end_ms(second))
                 found.append({
                     "unit": format_unit(unit),
                     "runs": [_interval(first, origin_ms), _interval(second, origin_ms)],
-                    "overlap_s": [round((second["started_ms"] - origin_ms) / 1000, 3),
-                                  None if math.isinf(end := min(first_end, math.inf if
-                                      second["stopped_ms"] is None else second["stopped_ms"]))
-                                  else round((end - origin_ms) / 1000, 3)],
+                    "overlap_s": [_seconds(second["started_ms"], origin_ms),
+                                  None if math.isinf(overlap_end)
+                                  else _seconds(overlap_end, origin_ms)],
                 })
     return found
 
 
+def _end_ms(run: dict[str, Any]) -> float:
+    """When a run stopped; infinity while it still runs."""
+    return math.inf if run["stopped_ms"] is None else float(run["stopped_ms"])
+
+
+def _seconds(ms: float, origin_ms: float) -> float:
+    return round((ms - origin_ms) / 1000, 3)
+
+
 def _interval(run: dict[str, Any], origin_ms: float) -> dict[str, Any]:
     stopped = run["stopped_ms"]
-    return {"worker": run["worker"], "from_s": round((run["started_ms"] - origin_ms) / 1000, 3),
-            "to_s": None if stopped is None else round((stopped - origin_ms) / 1000, 3)}
+    return {"worker": run["worker"], "from_s": _seconds(run["started_ms"], origin_ms),
+            "to_s": None if stopped is None else _seconds(stopped, origin_ms)}
 
 
 # ------------------------------------------------------------------------------ command line
