@@ -35,6 +35,7 @@ from coordinator.log import (
     LogError,
     LogWriter,
     compact,
+    find_newest,
     read_all,
 )
 from coordinator.log.files import FileLayer
@@ -176,22 +177,28 @@ class LogReplayer:
         # State is a function of the newest record per key (what compaction keeps), so
         # only those are decoded and replayed, in the order of their last write: the
         # same as replaying a fully compacted log, without decoding superseded values.
-        newest: dict[bytes, tuple[int, bytes | None]] = {}
+        # Only the value is kept: superseded records are freed batch by batch, and the
+        # offset of a record that fails to decode is looked up again (`find_newest`).
+        newest: dict[bytes, bytes | None] = {}
+        pop = newest.pop
         try:
-            for entry in load:
-                newest.pop(entry.key, None)
-                newest[entry.key] = (entry.offset, entry.value)
-                self.records += 1
-                if self.records % REPLAY_YIELD_EVERY == 0:
+            next_checkpoint = REPLAY_YIELD_EVERY
+            for records in load.record_lists():
+                for record in records:
+                    record_key = record.key
+                    pop(record_key, None)  # re-inserted: the dict keeps the order of last writes
+                    newest[record_key] = record.value
+                self.records += len(records)
+                if self.records >= next_checkpoint:
+                    next_checkpoint += REPLAY_YIELD_EVERY
                     await trio.lowlevel.checkpoint()  # keep answering LOAD_IN_PROGRESS
-            for replayed, (key_bytes, (offset, value_bytes)) in enumerate(newest.items()):
+            replay = core.replay_decoded
+            for replayed, (key_bytes, value_bytes) in enumerate(newest.items()):
                 try:
                     key, value = decode_record(key_bytes, value_bytes)
                 except RecordDecodeError as error:
-                    raise LogCorruptError(
-                        f"{self.data_dir}: the record at offset {offset} does not "
-                        f"decode: {error}", file=str(self.data_dir), position=None) from error
-                core.replay(Record(key, value))
+                    raise self._undecodable(key_bytes, error) from error
+                replay(key, value)
                 if replayed % REPLAY_YIELD_EVERY == 0:
                     await trio.lowlevel.checkpoint()
         except LogCorruptError as error:
@@ -209,6 +216,16 @@ class LogReplayer:
             self.sink.writer = self.writer
         log.info("log_loaded", records=self.records, groups=len(core.group_ids()),
                  members=core.member_count(), next_offset=self.writer.next_offset)
+
+    def _undecodable(self, key_bytes: bytes, error: RecordDecodeError) -> LogCorruptError:
+        found = find_newest(self.data_dir, key_bytes, self.file_layer)
+        if found is None:  # cannot happen: the key came from the log
+            return LogCorruptError(f"{self.data_dir}: a record does not decode: {error}",
+                                   file=str(self.data_dir), position=None)
+        file, position, offset = found
+        return LogCorruptError(
+            f"{file} at byte {position}: the record at offset {offset} does not decode: "
+            f"{error}", file=file, position=position)
 
 
 def snapshot_rows(core: GroupCoordinator, now_ms: int) -> list[dict[str, Any]]:

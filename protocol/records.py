@@ -166,12 +166,14 @@ def _read_whole(entity_type: type[_Entity], data: bytes, what: str) -> _Entity:
     return entity
 
 
-# Type id -> (key reader, value reader): kio's native readers, looked up once.
+# A key's first two bytes (its type id) -> (key reader, value reader): kio's native
+# readers, looked up once.
 _READERS = {
-    type_id: (entity_reader(key_type), entity_reader(value_type))
+    INT16.pack(type_id): (entity_reader(key_type), entity_reader(value_type))
     for type_id, (key_type, value_type) in RECORD_TYPES.items()
 }
 _VALUE_VERSION_BYTES = INT16.pack(VALUE_VERSION)
+_new_decoded = tuple.__new__  # skips the NamedTuple constructor's Python frame
 
 
 def decode_record(key_bytes: bytes, value_bytes: bytes | None) -> DecodedRecord:
@@ -179,15 +181,15 @@ def decode_record(key_bytes: bytes, value_bytes: bytes | None) -> DecodedRecord:
     # native readers, and anything unusual is decoded again the careful way, which says
     # what is wrong.
     try:
-        key_reader, value_reader = _READERS[int.from_bytes(key_bytes[:2], "big", signed=True)]
+        key_reader, value_reader = _READERS[key_bytes[:2]]
         key, key_size = key_reader(key_bytes, 2)
         if key_size + 2 == len(key_bytes):
             if value_bytes is None:
-                return DecodedRecord(key, None)
+                return _new_decoded(DecodedRecord, (key, None))
             if value_bytes[:2] == _VALUE_VERSION_BYTES:
                 value, value_size = value_reader(value_bytes, 2)
                 if value_size + 2 == len(value_bytes):
-                    return DecodedRecord(key, value)
+                    return _new_decoded(DecodedRecord, (key, value))
     except Exception:  # noqa: S110 - the careful path below raises the right error
         pass
     key = decode_key(key_bytes)

@@ -8,12 +8,18 @@ transient: it is rebuilt after a restart by the normal flow.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from coordinator.config import GroupConfig
-from coordinator.core.reconcile import CurrentAssignment, MemberState, TargetPart
+from coordinator.core.reconcile import (
+    EMPTY,
+    NO_ASSIGNMENT,
+    CurrentAssignment,
+    MemberState,
+    TargetPart,
+)
 from coordinator.core.result import Record
 from coordinator.units import CONNECTOR, Unit, units_of
 from protocol.messages import (
@@ -75,7 +81,7 @@ class MemberMetadata:
 class Member:
     member_id: str
     metadata: MemberMetadata | None = None
-    current: CurrentAssignment = field(default_factory=CurrentAssignment)
+    current: CurrentAssignment = NO_ASSIGNMENT
 
 
 @dataclass(slots=True)
@@ -168,13 +174,22 @@ def units_to_wire(units: Iterable[Unit]) -> ConnectorsAndTasks:
 
 
 def units_from_record(value: ConnectorsAndTasks) -> frozenset[Unit]:
-    units: set[Unit] = {(name, CONNECTOR) for name in value.connectors}
-    units.update((task.connector, task.task) for task in value.tasks)
+    # Start-up replays up to three of these per member: no intermediate set, and the
+    # common empty one (pending revocation) shared.
+    connectors, tasks = value.connectors, value.tasks
+    if not tasks:
+        return frozenset([(name, CONNECTOR) for name in connectors]) if connectors else EMPTY
+    units = [(task.connector, task.task) for task in tasks]
+    if connectors:
+        units += [(name, CONNECTOR) for name in connectors]
     return frozenset(units)
 
 
 class GroupStore:
     """All groups, plus `replay`: the one way their state changes."""
+
+    # Key class -> the method that applies a record with that key (filled in below).
+    _appliers: ClassVar[dict[type, Callable[[GroupStore, Any, Any], None]]]
 
     def __init__(self) -> None:
         self.groups: dict[str, Group] = {}
@@ -245,59 +260,63 @@ class GroupStore:
         return group.members.get(member_id) if group else None
 
     def replay(self, record: Record) -> None:
-        key = record.key
-        value = record.value
+        self.apply(record.key, record.value)
+
+    def apply(self, key: Any, value: Any) -> None:
+        """`replay` of the record (key, value), for callers that hold them apart."""
         if value is None and key.group_id not in self.groups:
             return  # a tombstone for a group that is gone deletes nothing (and creates nothing)
-        match key:
-            case ConnectGroupMetadataKey():
-                if value is None:
-                    self._delete_group(key.group_id)
-                else:
-                    assert isinstance(value, ConnectGroupMetadataValue)
-                    self.group(key.group_id).epoch = value.epoch
-            case ConnectGroupConnectorsKey():
-                group = self.group(key.group_id)
-                if value is None:
-                    group.connectors = {}
-                else:
-                    assert isinstance(value, ConnectGroupConnectorsValue)
-                    group.connectors = {c.name: c.tasks for c in value.connectors}
-                group._units = None
-            case ConnectGroupMemberMetadataKey():
-                self._replay_member_metadata(key, value)
-            case ConnectGroupCurrentMemberAssignmentKey():
-                self._replay_current_assignment(key, value)
-            case ConnectGroupTargetAssignmentMemberKey():
-                group = self.group(key.group_id)
-                if value is None:
-                    group.target.pop(key.member_id, None)
-                else:
-                    assert isinstance(value, ConnectGroupTargetAssignmentMemberValue)
-                    group.target[key.member_id] = TargetPart(
-                        units_from_record(value.assigned), value.version, value.metadata
-                    )
-            case ConnectGroupTargetAssignmentMetadataKey():
-                self._replay_target_metadata(key, value)
-            case ConnectGroupConfigurationKey():
-                group = self.group(key.group_id)
-                if value is None:
-                    group.config = GroupConfig()
-                else:
-                    assert isinstance(value, ConnectGroupConfigurationValue)
-                    group.config = GroupConfig(
-                        session_timeout_ms=value.session_timeout_ms,
-                        heartbeat_interval_ms=value.heartbeat_interval_ms,
-                        assignment_interval_ms=value.assignment_interval_ms,
-                        assignor_offload_enable=(
-                            None
-                            if value.assignor_offload_enable < 0
-                            else bool(value.assignor_offload_enable)
-                        ),
-                        scheduled_rebalance_max_delay_ms=value.scheduled_rebalance_max_delay_ms,
-                    )
-            case _:
-                raise InvariantViolation(f"cannot replay a record with key {key!r}")
+        # One dict lookup instead of a chain of class patterns: start-up replays every
+        # surviving record through here.
+        apply = self._appliers.get(type(key))
+        if apply is None:
+            raise InvariantViolation(f"cannot replay a record with key {key!r}")
+        apply(self, key, value)
+
+    def _replay_group_metadata(self, key: ConnectGroupMetadataKey, value: object) -> None:
+        if value is None:
+            self._delete_group(key.group_id)
+        else:
+            assert isinstance(value, ConnectGroupMetadataValue)
+            self.group(key.group_id).epoch = value.epoch
+
+    def _replay_connectors(self, key: ConnectGroupConnectorsKey, value: object) -> None:
+        group = self.group(key.group_id)
+        if value is None:
+            group.connectors = {}
+        else:
+            assert isinstance(value, ConnectGroupConnectorsValue)
+            group.connectors = {c.name: c.tasks for c in value.connectors}
+        group._units = None
+
+    def _replay_target_member(self, key: ConnectGroupTargetAssignmentMemberKey,
+                              value: object) -> None:
+        group = self.group(key.group_id)
+        if value is None:
+            group.target.pop(key.member_id, None)
+        else:
+            assert isinstance(value, ConnectGroupTargetAssignmentMemberValue)
+            group.target[key.member_id] = TargetPart(
+                units_from_record(value.assigned), value.version, value.metadata
+            )
+
+    def _replay_configuration(self, key: ConnectGroupConfigurationKey, value: object) -> None:
+        group = self.group(key.group_id)
+        if value is None:
+            group.config = GroupConfig()
+        else:
+            assert isinstance(value, ConnectGroupConfigurationValue)
+            group.config = GroupConfig(
+                session_timeout_ms=value.session_timeout_ms,
+                heartbeat_interval_ms=value.heartbeat_interval_ms,
+                assignment_interval_ms=value.assignment_interval_ms,
+                assignor_offload_enable=(
+                    None
+                    if value.assignor_offload_enable < 0
+                    else bool(value.assignor_offload_enable)
+                ),
+                scheduled_rebalance_max_delay_ms=value.scheduled_rebalance_max_delay_ms,
+            )
 
     def _delete_group(self, group_id: str) -> None:
         group = self.groups.pop(group_id, None)
@@ -326,11 +345,14 @@ class GroupStore:
             rebalance_timeout_ms=value.rebalance_timeout_ms,
             server_assignor=value.server_assignor,
             client_assignors=tuple(
-                AssignorInfo(
-                    a.name, a.minimum_version, a.maximum_version, a.reason, a.version, a.metadata
-                )
-                for a in value.client_assignors
-            ),
+                [
+                    AssignorInfo(
+                        a.name, a.minimum_version, a.maximum_version, a.reason, a.version,
+                        a.metadata
+                    )
+                    for a in value.client_assignors
+                ]
+            ) if value.client_assignors else (),
         )
         if old_instance is not None and old_instance != value.instance_id:
             if group.instances.get(old_instance) == key.member_id:
@@ -346,15 +368,16 @@ class GroupStore:
             member = group.members.get(key.member_id)
             if member is not None:
                 self._release(group, key.member_id, member.current.held)
-                member.current = CurrentAssignment()
+                member.current = NO_ASSIGNMENT
                 group.refresh_reconciled(member)
             return
         assert isinstance(value, ConnectGroupCurrentMemberAssignmentValue)
         member = self._member(group, key.member_id)
+        state = _MEMBER_STATES.get(value.state)
         new = CurrentAssignment(
             epoch=value.member_epoch,
             previous_epoch=value.previous_member_epoch,
-            state=MemberState(value.state),
+            state=MemberState(value.state) if state is None else state,
             assigned=units_from_record(value.assigned),
             pending_revocation=units_from_record(value.pending_revocation),
             error=value.error,
@@ -363,8 +386,11 @@ class GroupStore:
         )
         old_held = member.current.held
         new_held = new.held
-        self._release(group, key.member_id, old_held - new_held)
-        self._claim(group, key.member_id, new_held - old_held)
+        if old_held:
+            self._release(group, key.member_id, old_held - new_held)
+            self._claim(group, key.member_id, new_held - old_held)
+        else:  # a member's first assignment (every member's, at start-up)
+            self._claim(group, key.member_id, new_held)
         member.current = new
         group.refresh_reconciled(member)
 
@@ -412,6 +438,18 @@ class GroupStore:
                     f"group {group.group_id}: {unit} would be held by {member_id} while "
                     f"{holder} still holds it"
                 )
+
+
+GroupStore._appliers = {
+    ConnectGroupMetadataKey: GroupStore._replay_group_metadata,
+    ConnectGroupConnectorsKey: GroupStore._replay_connectors,
+    ConnectGroupMemberMetadataKey: GroupStore._replay_member_metadata,
+    ConnectGroupCurrentMemberAssignmentKey: GroupStore._replay_current_assignment,
+    ConnectGroupTargetAssignmentMemberKey: GroupStore._replay_target_member,
+    ConnectGroupTargetAssignmentMetadataKey: GroupStore._replay_target_metadata,
+    ConnectGroupConfigurationKey: GroupStore._replay_configuration,
+}
+_MEMBER_STATES = {int(state): state for state in MemberState}
 
 
 # --- record builders -------------------------------------------------------------------

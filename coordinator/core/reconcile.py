@@ -49,6 +49,9 @@ class CurrentAssignment:
         return self.assigned | self.pending_revocation if self.pending_revocation else self.assigned
 
 
+NO_ASSIGNMENT = CurrentAssignment()  # a new member's (immutable, so shared)
+
+
 @dataclass(frozen=True, slots=True)
 class TargetPart:
     """A member's part of the target assignment."""

@@ -25,6 +25,7 @@ from coordinator.log.load import (
     LogLoad,
     TailTruncation,
     check,
+    find_newest,
     read_all,
 )
 from coordinator.log.segments import DEFAULT_SEGMENT_BYTES, segment_file_name
@@ -55,6 +56,7 @@ __all__ = [
     "check",
     "compact",
     "dump",
+    "find_newest",
     "read_all",
     "segment_file_name",
 ]

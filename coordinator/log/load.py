@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from coordinator.log.batch import LogEntry
+from coordinator.log.batch import LogEntry, StoredRecord
 from coordinator.log.errors import LogCorruptError
 from coordinator.log.files import FileLayer, OsFileLayer
 from coordinator.log.scan import SegmentScan
@@ -58,7 +58,8 @@ class LoadResult:
 
 
 class LogLoad:
-    """Iterate once for every record in offset order; then `result` tells what happened."""
+    """Iterate once for every record in offset order (or once over `record_lists()`);
+    then `result` tells what happened."""
 
     def __init__(self, data_dir: Path, file_layer: FileLayer) -> None:
         self._data_dir = data_dir
@@ -73,12 +74,21 @@ class LogLoad:
         return self._result
 
     def __iter__(self) -> Iterator[LogEntry]:
+        for scan in self._scans():
+            for header in scan.headers():
+                yield from scan.decode(header)
+
+    def record_lists(self) -> Iterator[list[StoredRecord]]:
+        """The records batch by batch, through the compiled reader: start-up's fast path."""
+        for scan in self._scans():
+            yield from scan.record_lists()
+
+    def _scans(self) -> Iterator[SegmentScan]:
+        """Each segment's scan, in order; the caller walks `scan.headers()` to its end
+        before asking for the next, and what the walk found is dealt with then."""
         if self._started:
             raise RuntimeError("a LogLoad can be iterated only once")
         self._started = True
-        return self._load()
-
-    def _load(self) -> Iterator[LogEntry]:
         layer = self._file_layer
         result = LoadResult(self._data_dir)
         listing = list_segments(layer, self._data_dir)
@@ -100,8 +110,7 @@ class LogLoad:
                 next_segment_base=None if newest else segments[index + 1].base_offset,
                 consecutive=newest,
             )
-            for header in scan.headers():
-                yield from scan.decode(header)
+            yield scan
             if scan.frame_problem is not None:
                 if not newest:
                     raise scan.problem_error(" (in a segment that is not the newest)")
@@ -142,6 +151,23 @@ class LogLoad:
 def read_all(data_dir: Path | str, file_layer: FileLayer | None = None) -> LogLoad:
     """Every record of the log in offset order: `for offset, key, value, ts in read_all(d)`."""
     return LogLoad(Path(data_dir), file_layer if file_layer is not None else OsFileLayer())
+
+
+def find_newest(data_dir: Path | str, key: bytes, file_layer: FileLayer | None = None
+                ) -> tuple[str, int, int] | None:
+    """Where the newest record with `key` is: (segment file, batch position, offset).
+
+    For error messages about a log that loaded: it reads the whole log again."""
+    layer = file_layer if file_layer is not None else OsFileLayer()
+    found = None
+    for segment in list_segments(layer, Path(data_dir)).segments:
+        scan = SegmentScan(layer.read(segment.path), segment, previous_offset=-1,
+                           next_segment_base=None, consecutive=False)
+        for header, entries in scan.batches():
+            for entry in entries:
+                if entry.key == key:
+                    found = (str(segment.path), header.position, entry.offset)
+    return found
 
 
 @dataclass(frozen=True)

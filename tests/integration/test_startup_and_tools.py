@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+import struct
 import subprocess
 import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from crc32c import crc32c
 
+from coordinator.log import LogWriter
 from coordinator.log.files import OsFileLayer
 from coordinator.log.segments import list_segments
 from coordinator.storage import snapshot_rows
@@ -98,6 +101,53 @@ async def test_a_crc_error_in_an_older_segment_stops_the_server(tmp_path: Path) 
     checked = tool("check", "--data-dir", str(data_dir))
     assert checked.returncode == 1
     assert older.name in checked.stdout and "NOT repairable" in checked.stdout
+
+
+async def test_a_malformed_batch_with_a_valid_crc_stops_the_server(tmp_path: Path) -> None:
+    # Not a torn write (the CRC matches), so never repaired: start-up's fast reader must
+    # refuse it as the careful one does, naming the file and the batch.
+    data_dir = tmp_path / "data"
+    build_log(data_dir)
+    older = list_segments(OsFileLayer(), data_dir).segments[0].path
+    data = bytearray(older.read_bytes())
+    batch_end = 12 + struct.unpack_from(">i", data, 8)[0]
+    count = struct.unpack_from(">i", data, 57)[0]
+    struct.pack_into(">i", data, 57, count + 1)  # one record more than the batch holds
+    struct.pack_into(">I", data, 17, crc32c(bytes(data[21:batch_end])))
+    older.write_bytes(bytes(data))
+
+    server = ServerProcess(data_dir, tmp_path, SETTINGS)
+    code = await server.run_to_exit()
+    output = server.output()
+    assert code != 0
+    failed = [e for e in server.events() if e.get("event") == "log_load_failed"]
+    assert failed, output
+    assert failed[0]["file"] == str(older) and failed[0]["position"] == 0
+    assert f"{older} at byte 0: malformed batch: record" in failed[0]["error"]
+    assert "Traceback" not in output
+    assert older.read_bytes() == bytes(data)
+
+
+async def test_a_record_that_does_not_decode_stops_the_server(tmp_path: Path) -> None:
+    # A well-formed batch whose record is no coordinator record (type id 99): start-up
+    # stops and says which file, batch and offset, and why.
+    data_dir = tmp_path / "data"
+    ctx = build_log(data_dir)
+    writer = LogWriter.open(data_dir)
+    offset = writer.append([(struct.pack(">h", 99) + b"junk", b"\x00\x00")], ctx.now)
+    writer.sync()
+    writer.close()
+    newest = list_segments(OsFileLayer(), data_dir).segments[-1].path
+
+    server = ServerProcess(data_dir, tmp_path, SETTINGS)
+    code = await server.run_to_exit()
+    output = server.output()
+    assert code != 0
+    (failed,) = [e for e in server.events() if e.get("event") == "log_load_failed"]
+    assert failed["file"] == str(newest)
+    assert f"the record at offset {offset} does not decode" in failed["error"]
+    assert "unknown record type id 99" in failed["error"]
+    assert "Traceback" not in output
 
 
 @pytest.mark.parametrize("suffix", [".parquet", ".jsonl"])

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from coordinator.log import LogCorruptError, LogWriter, check, read_all
 from coordinator.log.batch import encode_batch
+from coordinator.log.load import LogLoad
 from coordinator.log.segments import segment_file_name
 
 from .helpers import batch_records, load_entries, segment_paths, snapshot, write_log
@@ -21,19 +24,34 @@ def build(tmp_path: Path, batches: int = 6, segment_bytes: int = 1024) -> list[P
     return segment_paths(tmp_path)
 
 
+Reader = Callable[[LogLoad], list[Any]]
+
+
+@pytest.fixture(params=["entries", "record_lists"])
+def read(request: pytest.FixtureRequest) -> Reader:
+    """Both ways of reading a log must see the same records and the same damage: entry by
+    entry (the careful reader: dump, compaction) and batch by batch (the compiled reader:
+    start-up)."""
+    if request.param == "entries":
+        return list
+    return lambda load: [record for records in load.record_lists() for record in records]
+
+
 def flip_byte(path: Path, position: int) -> None:
     data = bytearray(path.read_bytes())
     data[position] ^= 0x55
     path.write_bytes(bytes(data))
 
 
-def test_empty_directory_loads_nothing(tmp_path: Path) -> None:
+def test_empty_directory_loads_nothing(tmp_path: Path, read: Reader) -> None:
     load = read_all(tmp_path / "missing")
-    assert list(load) == []
+    assert read(load) == []
     assert load.result.next_offset == 0 and load.result.active_segment is None
 
 
-def test_torn_tail_of_newest_segment_is_truncated_with_a_warning(tmp_path: Path) -> None:
+def test_torn_tail_of_newest_segment_is_truncated_with_a_warning(
+    tmp_path: Path, read: Reader
+) -> None:
     (newest,) = build(tmp_path, batches=3, segment_bytes=10_000)
     good_size = newest.stat().st_size
     torn = encode_batch(9, batch_records(3), T0)[:100]
@@ -41,7 +59,7 @@ def test_torn_tail_of_newest_segment_is_truncated_with_a_warning(tmp_path: Path)
         file.write(torn)
 
     load = read_all(tmp_path)
-    assert [e.offset for e in load] == list(range(9))
+    assert [e.offset for e in read(load)] == list(range(9))
     (truncation,) = load.result.truncations
     assert truncation.file == str(newest)
     assert truncation.position == good_size
@@ -53,34 +71,34 @@ def test_torn_tail_of_newest_segment_is_truncated_with_a_warning(tmp_path: Path)
     assert writer.append(batch_records(4), T0) == 9
     writer.close()
     reload = read_all(tmp_path)
-    assert [e.offset for e in reload] == list(range(12))
+    assert [e.offset for e in read(reload)] == list(range(12))
     assert reload.result.truncations == []
 
 
-def test_crc_mismatch_in_the_last_batch_is_truncated(tmp_path: Path) -> None:
+def test_crc_mismatch_in_the_last_batch_is_truncated(tmp_path: Path, read: Reader) -> None:
     (newest,) = build(tmp_path, batches=3, segment_bytes=10_000)
     flip_byte(newest, 2 * BATCH + 100)
     load = read_all(tmp_path)
-    assert [e.offset for e in load] == list(range(6))
+    assert [e.offset for e in read(load)] == list(range(6))
     assert "CRC mismatch" in load.result.truncations[0].reason
     assert newest.stat().st_size == 2 * BATCH
 
 
-def test_zeros_at_the_tail_are_truncated(tmp_path: Path) -> None:
+def test_zeros_at_the_tail_are_truncated(tmp_path: Path, read: Reader) -> None:
     (newest,) = build(tmp_path, batches=2, segment_bytes=10_000)
     with open(newest, "ab") as file:
         file.write(bytes(4096))
     load = read_all(tmp_path)
-    assert len(list(load)) == 6
+    assert len(read(load)) == 6
     assert load.result.truncations[0].removed_bytes == 4096
 
 
-def test_damage_followed_by_valid_batches_is_refused(tmp_path: Path) -> None:
+def test_damage_followed_by_valid_batches_is_refused(tmp_path: Path, read: Reader) -> None:
     (newest,) = build(tmp_path, batches=4, segment_bytes=10_000)
     flip_byte(newest, BATCH + 80)  # inside the second of four batches
     before = snapshot(tmp_path)
     with pytest.raises(LogCorruptError) as caught:
-        list(read_all(tmp_path))
+        read(read_all(tmp_path))
     message = str(caught.value)
     assert str(newest) in message and f"byte {BATCH}" in message
     assert "followed by a valid batch" in message
@@ -88,7 +106,7 @@ def test_damage_followed_by_valid_batches_is_refused(tmp_path: Path) -> None:
     assert snapshot(tmp_path) == before  # nothing was dropped
 
 
-def test_corrupted_length_field_mid_file_is_refused(tmp_path: Path) -> None:
+def test_corrupted_length_field_mid_file_is_refused(tmp_path: Path, read: Reader) -> None:
     # A length that runs past the end looks like a partial batch; the valid batches after
     # it show it is not a torn tail.
     (newest,) = build(tmp_path, batches=4, segment_bytes=10_000)
@@ -96,33 +114,33 @@ def test_corrupted_length_field_mid_file_is_refused(tmp_path: Path) -> None:
     data[BATCH + 9] = 0x7F
     newest.write_bytes(bytes(data))
     with pytest.raises(LogCorruptError, match=f"byte {BATCH}"):
-        list(read_all(tmp_path))
+        read(read_all(tmp_path))
 
 
-def test_crc_mismatch_in_an_older_segment_is_refused(tmp_path: Path) -> None:
+def test_crc_mismatch_in_an_older_segment_is_refused(tmp_path: Path, read: Reader) -> None:
     paths = build(tmp_path, batches=10)
     assert len(paths) >= 3
     flip_byte(paths[0], -5 % paths[0].stat().st_size)
     before = snapshot(tmp_path)
     with pytest.raises(LogCorruptError) as caught:
-        list(read_all(tmp_path))
+        read(read_all(tmp_path))
     assert caught.value.file == str(paths[0])
     assert str(paths[0]) in str(caught.value) and "not the newest" in str(caught.value)
     assert snapshot(tmp_path) == before
 
 
-def test_partial_batch_in_an_older_segment_is_refused(tmp_path: Path) -> None:
+def test_partial_batch_in_an_older_segment_is_refused(tmp_path: Path, read: Reader) -> None:
     paths = build(tmp_path, batches=10)
     size = paths[1].stat().st_size
     with open(paths[1], "r+b") as file:
         file.truncate(size - 7)
     with pytest.raises(LogCorruptError) as caught:
-        list(read_all(tmp_path))
+        read(read_all(tmp_path))
     assert caught.value.file == str(paths[1])
     assert caught.value.position == size - 7 - (BATCH - 7)
 
 
-def test_offset_gap_in_the_newest_segment_is_refused(tmp_path: Path) -> None:
+def test_offset_gap_in_the_newest_segment_is_refused(tmp_path: Path, read: Reader) -> None:
     segment = tmp_path / segment_file_name(0)
     tmp_path.mkdir(exist_ok=True)
     segment.write_bytes(
@@ -131,42 +149,44 @@ def test_offset_gap_in_the_newest_segment_is_refused(tmp_path: Path) -> None:
     with pytest.raises(
         LogCorruptError, match=r"byte 223: batch base offset 5, expected 3 \(offset gap\)"
     ):
-        list(read_all(tmp_path))
+        read(read_all(tmp_path))
 
 
-def test_offsets_going_backwards_are_refused(tmp_path: Path) -> None:
+def test_offsets_going_backwards_are_refused(tmp_path: Path, read: Reader) -> None:
     first = tmp_path / segment_file_name(0)
     second = tmp_path / segment_file_name(10)
     second.write_bytes(encode_batch(10, batch_records(2), T0))
     # An older segment with a batch that goes backwards.
     first.write_bytes(encode_batch(3, batch_records(0), T0) + encode_batch(0, batch_records(1), T0))
     with pytest.raises(LogCorruptError, match="going backwards") as caught:
-        list(read_all(tmp_path))
+        read(read_all(tmp_path))
     assert caught.value.file == str(first) and caught.value.position == BATCH
 
 
-def test_segment_overlapping_the_next_is_refused(tmp_path: Path) -> None:
+def test_segment_overlapping_the_next_is_refused(tmp_path: Path, read: Reader) -> None:
     (tmp_path / segment_file_name(0)).write_bytes(encode_batch(0, batch_records(0), T0))
     (tmp_path / segment_file_name(2)).write_bytes(encode_batch(3, batch_records(1), T0))
     with pytest.raises(LogCorruptError, match="next segment's base offset 2"):
-        list(read_all(tmp_path))
+        read(read_all(tmp_path))
 
 
-def test_gaps_left_by_compaction_in_older_segments_are_accepted(tmp_path: Path) -> None:
+def test_gaps_left_by_compaction_in_older_segments_are_accepted(
+    tmp_path: Path, read: Reader
+) -> None:
     (tmp_path / segment_file_name(0)).write_bytes(
         encode_batch(2, [(b"a", b"1")], T0) + encode_batch(7, [(b"b", b"2")], T0)
     )
     (tmp_path / segment_file_name(10)).write_bytes(encode_batch(10, [(b"c", b"3")], T0))
     load = read_all(tmp_path)
-    assert [e.offset for e in load] == [2, 7, 10]
+    assert [e.offset for e in read(load)] == [2, 7, 10]
     assert load.result.next_offset == 11
 
 
-def test_misnamed_segment_is_refused(tmp_path: Path) -> None:
+def test_misnamed_segment_is_refused(tmp_path: Path, read: Reader) -> None:
     build(tmp_path, batches=1)
     (tmp_path / "123.log").write_bytes(b"")
     with pytest.raises(LogCorruptError, match="123.log"):
-        list(read_all(tmp_path))
+        read(read_all(tmp_path))
 
 
 def test_foreign_files_are_left_alone(tmp_path: Path) -> None:
@@ -176,11 +196,11 @@ def test_foreign_files_are_left_alone(tmp_path: Path) -> None:
     assert (tmp_path / "LOCK").exists()
 
 
-def test_empty_newest_segment_fixes_the_next_offset(tmp_path: Path) -> None:
+def test_empty_newest_segment_fixes_the_next_offset(tmp_path: Path, read: Reader) -> None:
     (tmp_path / segment_file_name(0)).write_bytes(encode_batch(0, batch_records(0), T0))
     (tmp_path / segment_file_name(40)).write_bytes(b"")
     load = read_all(tmp_path)
-    assert len(list(load)) == 3
+    assert len(read(load)) == 3
     assert load.result.next_offset == 40
 
 
