@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import time
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +86,9 @@ class ReadOnlyFileLayer:
 
     def read(self, path: Path) -> bytes:
         return self._inner.read(path)
+
+    def read_mapped(self, path: Path) -> AbstractContextManager[bytes]:
+        return self._inner.read_mapped(path)
 
     def list_dir(self, directory: Path) -> list[str]:
         return self._inner.list_dir(directory)

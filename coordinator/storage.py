@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -193,14 +194,15 @@ class LogReplayer:
                     next_checkpoint += REPLAY_YIELD_EVERY
                     await trio.lowlevel.checkpoint()  # keep answering LOAD_IN_PROGRESS
             replay = core.replay_decoded
-            for replayed, (key_bytes, value_bytes) in enumerate(newest.items()):
-                try:
-                    key, value = decode_record(key_bytes, value_bytes)
-                except RecordDecodeError as error:
-                    raise self._undecodable(key_bytes, error) from error
-                replay(key, value)
-                if replayed % REPLAY_YIELD_EVERY == 0:
-                    await trio.lowlevel.checkpoint()
+            survivors = iter(newest.items())
+            while chunk := list(islice(survivors, REPLAY_YIELD_EVERY)):
+                for key_bytes, value_bytes in chunk:
+                    try:
+                        key, value = decode_record(key_bytes, value_bytes)
+                    except RecordDecodeError as error:
+                        raise self._undecodable(key_bytes, error) from error
+                    replay(key, value)
+                await trio.lowlevel.checkpoint()
         except LogCorruptError as error:
             # Damage start-up must not repair: say where, once, before the process stops.
             log.error("log_load_failed", error=str(error), file=error.file,

@@ -10,7 +10,8 @@ from __future__ import annotations
 import errno
 import os
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -101,6 +102,10 @@ class FaultyFileLayer:
     def read(self, path: Path) -> bytes:
         self._enter("read")
         return self._inner.read(path)
+
+    @contextmanager
+    def read_mapped(self, path: Path) -> Iterator[bytes]:
+        yield self.read(path)
 
     def list_dir(self, directory: Path) -> list[str]:
         self._enter("list_dir")

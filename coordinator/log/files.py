@@ -7,9 +7,12 @@ relying on its bytes, and fsync the directory after creating, renaming or removi
 
 from __future__ import annotations
 
+import mmap
 import os
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, cast
 
 
 class AppendableFile(Protocol):
@@ -36,6 +39,10 @@ class FileLayer(Protocol):
         """Open `path` for appending; with `create`, make it if missing."""
 
     def read(self, path: Path) -> bytes: ...
+
+    def read_mapped(self, path: Path) -> AbstractContextManager[bytes]:
+        """The file's bytes for the length of a `with`, read-only; they may be a memory
+        map, which reads like bytes (slicing, `find`, `len`, the buffer protocol)."""
 
     def list_dir(self, directory: Path) -> list[str]:
         """File names in `directory`; an empty list when it does not exist."""
@@ -95,6 +102,24 @@ class OsFileLayer:
     def read(self, path: Path) -> bytes:
         with open(path, "rb") as file:
             return file.read()
+
+    @contextmanager
+    def read_mapped(self, path: Path) -> Iterator[bytes]:
+        # Start-up reads every segment once: mapping the page cache saves copying it into
+        # a fresh buffer, and the page faults that copy costs (about 5% of a load).
+        with open(path, "rb") as file:
+            try:
+                mapping = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
+            except ValueError:  # an empty file cannot be mapped
+                yield b""
+                return
+        try:
+            yield cast(bytes, mapping)
+        finally:
+            try:
+                mapping.close()
+            except BufferError:
+                pass  # a view is still held (an error on its way up): unmapped when freed
 
     def list_dir(self, directory: Path) -> list[str]:
         try:

@@ -103,23 +103,26 @@ class LogLoad:
         previous_offset = -1
         for index, segment in enumerate(segments):
             newest = index == len(segments) - 1
-            scan = SegmentScan(
-                layer.read(segment.path),
-                segment,
-                previous_offset=previous_offset,
-                next_segment_base=None if newest else segments[index + 1].base_offset,
-                consecutive=newest,
-            )
-            yield scan
-            if scan.frame_problem is not None:
-                if not newest:
-                    raise scan.problem_error(" (in a segment that is not the newest)")
-                following = scan.find_valid_batch_after_problem()
-                if following is not None:
-                    raise scan.problem_error(
-                        f" (followed by a valid batch at byte {following.position}, "
-                        f"offset {following.base_offset})"
-                    )
+            with layer.read_mapped(segment.path) as data:
+                scan = SegmentScan(
+                    data,
+                    segment,
+                    previous_offset=previous_offset,
+                    next_segment_base=None if newest else segments[index + 1].base_offset,
+                    consecutive=newest,
+                )
+                yield scan
+                if scan.frame_problem is not None:
+                    if not newest:
+                        raise scan.problem_error(" (in a segment that is not the newest)")
+                    following = scan.find_valid_batch_after_problem()
+                    if following is not None:
+                        raise scan.problem_error(
+                            f" (followed by a valid batch at byte {following.position}, "
+                            f"offset {following.base_offset})"
+                        )
+                scan.release()
+            if scan.frame_problem is not None:  # a torn tail: cut once the map is closed
                 result.truncations.append(self._truncate_tail(scan))
             result.segments.append(segment.name)
             result.batches += scan.batch_count
@@ -143,7 +146,7 @@ class LogLoad:
         return TailTruncation(
             file=str(scan.segment.path),
             position=scan.valid_end,
-            removed_bytes=len(scan.data) - scan.valid_end,
+            removed_bytes=scan.size - scan.valid_end,
             reason=scan.frame_problem.reason,
         )
 

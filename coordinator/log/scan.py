@@ -31,6 +31,7 @@ from coordinator.log.errors import LogCorruptError
 from coordinator.log.segments import Segment
 
 _MAGIC_POSITION = 16  # of the magic byte within a batch
+_NO_LIMIT = 2**63  # above every int64 offset
 
 
 class SegmentScan:
@@ -51,6 +52,7 @@ class SegmentScan:
         consecutive: bool,
     ) -> None:
         self.data = data
+        self.size = len(data)
         self.view = memoryview(data)
         self.segment = segment
         self._next_segment_base = next_segment_base
@@ -87,12 +89,28 @@ class SegmentScan:
         view = self.view
         position = 0
         size = len(data)
+        consecutive = self._consecutive
+        segment_base = self.segment.base_offset
+        offset_limit = _NO_LIMIT if self._next_segment_base is None else self._next_segment_base
         while position < size:
             header = read_batch_header(data, position, view)
             if isinstance(header, FrameProblem):
                 self.frame_problem = header
                 return
-            self._check_offsets(header)
+            # The usual batch passes this at a glance; any other goes through the careful
+            # check, which raises with the reason.
+            base, delta = header.base_offset, header.last_offset_delta
+            if not (
+                0 <= delta
+                and base + delta < offset_limit
+                and (
+                    base == (self.last_offset + 1 if self.batch_count else segment_base)
+                    and header.record_count == delta + 1
+                    if consecutive
+                    else base > self.last_offset and base >= segment_base
+                )
+            ):
+                self._check_offsets(header)
             if read_records is None:
                 yield header
             else:
@@ -144,6 +162,10 @@ class SegmentScan:
                 f"batch reaches offset {header.last_offset}, at or past the next segment's "
                 f"base offset {self._next_segment_base}",
             )
+
+    def release(self) -> None:
+        """Done with `data`: its memory map (if it is one) may close."""
+        self.view.release()
 
     def find_valid_batch_after_problem(self) -> BatchHeader | None:
         """A batch with a matching CRC somewhere after the frame problem, if any.
