@@ -1,9 +1,9 @@
 """`connect-coordinator log check|dump|compact|snapshot DATA_DIR`: offline record log tools.
 
 The data dir is given positionally or as `--data-dir DIR` (as `serve` takes it).
-None of them may run against a data directory a live coordinator is writing, except
-`check`, `dump` and `snapshot`, which only read (they may then report the batch being
-appended as a partial one, or not see it).
+`compact` refuses a data directory a live coordinator holds (its lock file, `.lock`);
+`check`, `dump` and `snapshot` only read, so they may run against one (they may then
+report the batch being appended as a partial one, or not see it).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from coordinator.log.compaction import compact
 from coordinator.log.dump import RecordFormatter, dump
 from coordinator.log.errors import LogError
 from coordinator.log.load import check
+from coordinator.log.lock import DataDirLock
 from protocol.records import RecordDecodeError, format_record
 
 PROG = "connect-coordinator log"
@@ -119,7 +120,8 @@ def _run(args: argparse.Namespace, data_dir: Path) -> int:
         return 0
     if args.command == "snapshot":
         return _snapshot(data_dir, args.out)
-    result = compact(data_dir, int(time.time() * 1000), args.tombstone_retention_ms)
+    with DataDirLock.acquire(data_dir):  # not under a running coordinator's feet
+        result = compact(data_dir, int(time.time() * 1000), args.tombstone_retention_ms)
     print(
         f"{result.segments_rewritten} of {result.segments_examined} closed segments rewritten "
         f"({result.segments_removed} removed): records {result.records_before} -> "

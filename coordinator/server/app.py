@@ -16,6 +16,7 @@ from coordinator.assignors import load_assignors
 from coordinator.config import ServerConfig
 from coordinator.core.coordinator import GroupCoordinator
 from coordinator.log.files import FileLayer
+from coordinator.log.lock import DataDirLock
 from coordinator.metrics import Metrics
 from coordinator.server import memory
 from coordinator.server.admin import build_admin_app
@@ -66,52 +67,60 @@ async def run_server(
     """
     if tune_gc:
         memory.tune_collector()
-    core = GroupCoordinator(config, load_assignors(config.server_assignors))
-    metrics = Metrics(lambda: core, per_group_max=config.metrics_per_group_max,
-                      data_dir=data_dir if sink is None else None)
-    log_sink: LogSink | None = None
-    loader: LogReplayer | None = None
+    # One coordinator per data directory: a second one's appends would interleave.
+    data_dir_lock: DataDirLock | None = None
     if sink is None and data_dir is not None:
         ensure_data_dir(data_dir)
-        log_sink = LogSink(None, lambda: runtime.now_ms(), metrics)
-        loader = LogReplayer(data_dir, config, log_sink, file_layer)
-        sink = log_sink
-    runtime = Runtime(core, config, sink, clock, loader=loader, metrics=metrics)
-    if log_sink is not None:
-        log_sink.on_failure = runtime.roll_back_writes
-    kafka = KafkaServer(runtime, config.max_frame_bytes)
-    admin_stopped = trio.Event()
-    http_config = HypercornConfig()
-    http_config.bind = [f"{admin_listen[0]}:{admin_listen[1]}"]
-    http_config.accesslog = None
-    http_config.errorlog = logging.getLogger("hypercorn.error")
-    http_config.graceful_timeout = config.shutdown_timeout_ms / 1000
-    async with trio.open_nursery() as nursery:
+        data_dir_lock = DataDirLock.acquire(data_dir)
+    try:
+        core = GroupCoordinator(config, load_assignors(config.server_assignors))
+        metrics = Metrics(lambda: core, per_group_max=config.metrics_per_group_max,
+                          data_dir=data_dir if sink is None else None)
+        log_sink: LogSink | None = None
+        loader: LogReplayer | None = None
+        if sink is None and data_dir is not None:
+            log_sink = LogSink(None, lambda: runtime.now_ms(), metrics)
+            loader = LogReplayer(data_dir, config, log_sink, file_layer)
+            sink = log_sink
+        runtime = Runtime(core, config, sink, clock, loader=loader, metrics=metrics)
         if log_sink is not None:
-            await nursery.start(log_sink.run)
-        await nursery.start(runtime.run)
-        kafka_port = await nursery.start(kafka.serve, listen[0], listen[1])
-        binds = await nursery.start(partial(serve_http, build_admin_app(runtime),  # type: ignore[arg-type]
-                                            http_config,
-                                            shutdown_trigger=admin_stopped.wait))
-        admin_port = int(binds[0].rsplit(":", 1)[1])
-        handle = ServerHandle(runtime, kafka_port, admin_port)
-        await runtime.wait_ready()
-        if tune_gc:
-            memory.freeze_loaded_state()
-            nursery.start_soon(memory.collect_periodically)
-        if log_sink is not None:  # compaction runs in a thread, never on the request path
-            nursery.start_soon(compact_periodically, log_sink, config, runtime.now_ms,
-                               metrics)
-        log.info("ready", listen=f"{listen[0]}:{kafka_port}",
-                 admin=f"http://{admin_listen[0]}:{admin_port}",
-                 data_dir=str(data_dir) if data_dir else None,
-                 groups=len(core.group_ids()), members=core.member_count())
-        task_status.started(handle)
-        await handle.stop_requested.wait()
-        log.info("shutting_down", in_flight=kafka.in_flight)
-        await kafka.drain(config.shutdown_timeout_ms / 1000)
-        admin_stopped.set()
-        await runtime.close()
-        nursery.cancel_scope.cancel()
+            log_sink.on_failure = runtime.roll_back_writes
+        kafka = KafkaServer(runtime, config.max_frame_bytes)
+        admin_stopped = trio.Event()
+        http_config = HypercornConfig()
+        http_config.bind = [f"{admin_listen[0]}:{admin_listen[1]}"]
+        http_config.accesslog = None
+        http_config.errorlog = logging.getLogger("hypercorn.error")
+        http_config.graceful_timeout = config.shutdown_timeout_ms / 1000
+        async with trio.open_nursery() as nursery:
+            if log_sink is not None:
+                await nursery.start(log_sink.run)
+            await nursery.start(runtime.run)
+            kafka_port = await nursery.start(kafka.serve, listen[0], listen[1])
+            binds = await nursery.start(partial(serve_http, build_admin_app(runtime),  # type: ignore[arg-type]
+                                                http_config,
+                                                shutdown_trigger=admin_stopped.wait))
+            admin_port = int(binds[0].rsplit(":", 1)[1])
+            handle = ServerHandle(runtime, kafka_port, admin_port)
+            await runtime.wait_ready()
+            if tune_gc:
+                memory.freeze_loaded_state()
+                nursery.start_soon(memory.collect_periodically)
+            if log_sink is not None:  # compaction runs in a thread, never on the request path
+                nursery.start_soon(compact_periodically, log_sink, config, runtime.now_ms,
+                                   metrics)
+            log.info("ready", listen=f"{listen[0]}:{kafka_port}",
+                     admin=f"http://{admin_listen[0]}:{admin_port}",
+                     data_dir=str(data_dir) if data_dir else None,
+                     groups=len(core.group_ids()), members=core.member_count())
+            task_status.started(handle)
+            await handle.stop_requested.wait()
+            log.info("shutting_down", in_flight=kafka.in_flight)
+            await kafka.drain(config.shutdown_timeout_ms / 1000)
+            admin_stopped.set()
+            await runtime.close()
+            nursery.cancel_scope.cancel()
+    finally:
+        if data_dir_lock is not None:
+            data_dir_lock.release()
     log.info("stopped")
