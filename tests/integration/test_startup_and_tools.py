@@ -7,6 +7,7 @@ import struct
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
@@ -57,6 +58,19 @@ def tear(segment: Path) -> None:
         file.write(segment.read_bytes()[:40])
 
 
+async def failed_start(data_dir: Path, tmp_path: Path) -> tuple[dict[str, Any], str]:
+    """Start `serve` on a damaged log: it must stop with one `log_load_failed` event and
+    a clear last line, never a traceback. The event and the whole output."""
+    server = ServerProcess(data_dir, tmp_path, SETTINGS)
+    code = await server.run_to_exit()
+    output = server.output()
+    assert code != 0
+    failed = [e for e in server.events() if e.get("event") == "log_load_failed"]
+    assert len(failed) == 1, output
+    assert "Traceback" not in output
+    return failed[0], output
+
+
 async def test_a_torn_tail_is_truncated_with_a_warning(tmp_path: Path) -> None:
     data_dir = tmp_path / "data"
     ctx = build_log(data_dir)
@@ -85,16 +99,9 @@ async def test_a_crc_error_in_an_older_segment_stops_the_server(tmp_path: Path) 
     data[100] ^= 0x5A  # inside the first batch's records: its CRC no longer matches
     older.write_bytes(bytes(data))
 
-    server = ServerProcess(data_dir, tmp_path, SETTINGS)
-    code = await server.run_to_exit()
-    output = server.output()
-    assert code != 0
-    failed = [e for e in server.events() if e.get("event") == "log_load_failed"]
-    assert failed, output
-    assert failed[0]["file"] == str(older) and failed[0]["position"] == 0
-    assert "crc" in failed[0]["error"].lower()
-    # One clear line on stderr, not a traceback.
-    assert "Traceback" not in output
+    failed, output = await failed_start(data_dir, tmp_path)
+    assert failed["file"] == str(older) and failed["position"] == 0
+    assert "crc" in failed["error"].lower()
     assert f"{older} at byte 0" in output.splitlines()[-1]
     # Nothing was repaired: the damage is left for an operator to look at.
     assert older.read_bytes() == bytes(data)
@@ -116,15 +123,9 @@ async def test_a_malformed_batch_with_a_valid_crc_stops_the_server(tmp_path: Pat
     struct.pack_into(">I", data, 17, crc32c(bytes(data[21:batch_end])))
     older.write_bytes(bytes(data))
 
-    server = ServerProcess(data_dir, tmp_path, SETTINGS)
-    code = await server.run_to_exit()
-    output = server.output()
-    assert code != 0
-    failed = [e for e in server.events() if e.get("event") == "log_load_failed"]
-    assert failed, output
-    assert failed[0]["file"] == str(older) and failed[0]["position"] == 0
-    assert f"{older} at byte 0: malformed batch: record" in failed[0]["error"]
-    assert "Traceback" not in output
+    failed, _ = await failed_start(data_dir, tmp_path)
+    assert failed["file"] == str(older) and failed["position"] == 0
+    assert f"{older} at byte 0: malformed batch: record" in failed["error"]
     assert older.read_bytes() == bytes(data)
 
 
@@ -139,15 +140,10 @@ async def test_a_record_that_does_not_decode_stops_the_server(tmp_path: Path) ->
     writer.close()
     newest = list_segments(OsFileLayer(), data_dir).segments[-1].path
 
-    server = ServerProcess(data_dir, tmp_path, SETTINGS)
-    code = await server.run_to_exit()
-    output = server.output()
-    assert code != 0
-    (failed,) = [e for e in server.events() if e.get("event") == "log_load_failed"]
+    failed, _ = await failed_start(data_dir, tmp_path)
     assert failed["file"] == str(newest)
     assert f"the record at offset {offset} does not decode" in failed["error"]
     assert "unknown record type id 99" in failed["error"]
-    assert "Traceback" not in output
 
 
 @pytest.mark.parametrize("suffix", [".parquet", ".jsonl"])
