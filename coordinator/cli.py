@@ -104,6 +104,7 @@ BENCHES: dict[str, str] = {
 
 
 def main(argv: list[str] | None = None) -> int:
+    skip_optional_test_imports()
     argv = list(sys.argv[1:] if argv is None else argv)
     # Commands with options of their own get everything after their name untouched.
     if argv and argv[0] in FORWARDED:
@@ -122,6 +123,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "bench":
         return _forward(BENCHES[args.which], "main", args.rest)
     return _forward(FORWARDED[args.command], "main", args.rest)
+
+
+def skip_optional_test_imports() -> None:
+    """kio imports Hypothesis whenever it is installed (a development install has it), to
+    register strategies for its types: that costs about a second at every start and leaves
+    a `.hypothesis/` directory wherever a command runs. No command needs it; a process that
+    imported it already (a test run) keeps it."""
+    if "hypothesis" not in sys.modules:
+        sys.modules["hypothesis"] = None  # type: ignore[assignment]  # import -> ImportError
 
 
 def _forward(module: str, function: str, argv: list[str]) -> int:

@@ -33,7 +33,7 @@ from coordinator.storage import LogReplayer, encode_records
 from protocol.messages import ConnectGroupHeartbeatRequest
 
 NOW_MS = 1_000_000
-LOAD_ONLY_FLAG = "--load-only"  # the child's command line: --load-only DATA_DIR
+LOAD_ONLY_FLAG = "--load-only"  # a round's child process: bench replay --load-only DATA_DIR
 
 
 def build_log(data_dir: Path, records: int) -> int:
@@ -89,7 +89,8 @@ def load_in_fresh_process(data_dir: Path) -> tuple[float, float]:
     """`load_once` in a new interpreter, as at start-up: the heap that built the log (or
     an earlier round) does not help or hinder the load."""
     done = subprocess.run(
-        [sys.executable, "-m", "coordinator.replay_bench", LOAD_ONLY_FLAG, str(data_dir)],
+        [sys.executable, "-m", "coordinator.cli", "bench", "replay", LOAD_ONLY_FLAG,
+         str(data_dir)],
         capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"the load failed: {done.stderr.strip()}")
@@ -120,7 +121,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--compacted", action="store_true",
                         help="load only the newest record of each key (a compacted log)")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument(LOAD_ONLY_FLAG, type=Path, help=argparse.SUPPRESS)  # one round's child
     args = parser.parse_args(argv)
+    if args.load_only is not None:
+        configure_logging("warning")  # the load's info line would land in the output
+        print(json.dumps(load_once(args.load_only)))
+        return 0
     if args.records < 1 or args.rounds < 1:
         parser.error("--records and --rounds must be at least 1")
     with tempfile.TemporaryDirectory() as directory:
@@ -143,11 +149,3 @@ def main(argv: list[str] | None = None) -> int:
           f"({', '.join(f'{w:.2f}' for w, _ in rounds)}): {row['records_per_s']:,}/s wall, "
           f"{row['records_per_cpu_s']:,}/s per CPU second")
     return 0
-
-
-if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == LOAD_ONLY_FLAG:
-        configure_logging("warning")  # the load's info line would land in the output
-        print(json.dumps(load_once(Path(sys.argv[2]))))
-        sys.exit(0)
-    sys.exit(main())

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,6 +13,8 @@ from coordinator.log import cli
 from coordinator.log.segments import segment_file_name
 
 from .helpers import snapshot, write_log
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def show_key(key: bytes, value: bytes | None) -> str:
@@ -42,3 +47,14 @@ def test_check_fails_on_damage_without_repairing(
     assert cli.main(["check", str(tmp_path)]) == 1
     assert "repairable at start-up" in capsys.readouterr().out
     assert snapshot(tmp_path) == before
+
+
+def test_commands_leave_no_hypothesis_directory_behind(tmp_path: Path) -> None:
+    # kio would import Hypothesis (installed for the tests), which writes `.hypothesis/`
+    # into the working directory of every command run.
+    write_log(tmp_path / "data", [[(b"a", b"1")]])
+    done = subprocess.run([sys.executable, "-m", "coordinator.cli", "log", "check", "data"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["data"]
