@@ -134,6 +134,15 @@ def skip_optional_test_imports() -> None:
         sys.modules["hypothesis"] = None  # type: ignore[assignment]  # import -> ImportError
 
 
+def module_command(module: str, *args: str) -> list[str]:
+    """`python -m MODULE ARGS` for a child process, with `skip_optional_test_imports`
+    applied before the module imports anything."""
+    bootstrap = ("import runpy; from coordinator.cli import skip_optional_test_imports; "
+                 f"skip_optional_test_imports(); runpy.run_module({module!r}, "
+                 "run_name='__main__', alter_sys=True)")
+    return [sys.executable, "-c", bootstrap, *args]
+
+
 def _forward(module: str, function: str, argv: list[str]) -> int:
     import importlib
 

@@ -28,6 +28,7 @@ from typing import Any
 
 import trio
 
+from coordinator.cli import module_command
 from coordinator.client import KafkaClient
 from coordinator.units import Unit, format_unit
 from coordinator.workers.assignors import (
@@ -321,7 +322,7 @@ class RemoteHost:
     async def open(cls, nursery: trio.Nursery, spec: WorkerSpec, names: list[str],
                    seed: int) -> RemoteHost:
         setup = json.dumps({"spec": spec.to_json(), "names": names, "seed": seed})
-        command = [sys.executable, "-m", "coordinator.workers.host", setup]
+        command = module_command("coordinator.workers.host", setup)
         process = await nursery.start(partial(
             trio.run_process, command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             check=False))

@@ -57,4 +57,19 @@ def test_commands_leave_no_hypothesis_directory_behind(tmp_path: Path) -> None:
                           cwd=tmp_path, capture_output=True, text=True, timeout=60,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert done.returncode == 0, done.stderr
-    assert sorted(path.name for path in tmp_path.iterdir()) == ["data"]
+    assert not (tmp_path / ".hypothesis").exists()
+
+
+def test_child_processes_skip_hypothesis_too(tmp_path: Path) -> None:
+    from coordinator.cli import module_command
+
+    probe = tmp_path / "probe.py"
+    probe.write_text("import sys\nimport kio.static.primitive\n"
+                     "print(sys.argv[1:], 'hypothesis' in sys.modules "
+                     "and sys.modules['hypothesis'] is not None)\n")
+    done = subprocess.run(module_command("probe", "a", "b"), cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": f"{ROOT}:{tmp_path}"})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "['a', 'b'] False"
+    assert not (tmp_path / ".hypothesis").exists()
