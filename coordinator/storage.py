@@ -181,15 +181,10 @@ class LogReplayer:
         # Only the value is kept: superseded records are freed batch by batch, and the
         # offset of a record that fails to decode is looked up again (`find_newest`).
         newest: dict[bytes, bytes | None] = {}
-        pop = newest.pop
         try:
             next_checkpoint = REPLAY_YIELD_EVERY
-            for records in load.record_lists():
-                for record in records:
-                    record_key = record.key
-                    pop(record_key, None)  # re-inserted: the dict keeps the order of last writes
-                    newest[record_key] = record.value
-                self.records += len(records)
+            for count in load.collect_newest(newest):
+                self.records += count
                 if self.records >= next_checkpoint:
                     next_checkpoint += REPLAY_YIELD_EVERY
                     await trio.lowlevel.checkpoint()  # keep answering LOAD_IN_PROGRESS

@@ -21,7 +21,7 @@ import datetime
 import io
 import struct
 from collections.abc import Sequence
-from typing import NamedTuple, Protocol
+from typing import NamedTuple
 
 from aiokafka.errors import CorruptRecordException
 from aiokafka.record.default_records import DefaultRecordBatch
@@ -220,45 +220,36 @@ def _read_raw_varint(data: bytes, position: int) -> tuple[int, int]:
             raise BatchFormatError("varint longer than 10 bytes")
 
 
-class StoredRecord(Protocol):
-    """A record as aiokafka's reader gives it (`DefaultRecord`)."""
+def collect_newest(newest: dict[bytes, bytes | None], data: bytes, header: BatchHeader,
+                   view: memoryview) -> int:
+    """Put the records of a batch whose header (and so CRC) `read_batch_header` accepted
+    into `newest`, key -> value; a key written again moves to the end, so the dict keeps
+    the order of last writes. Returns the batch's record count.
 
-    @property
-    def offset(self) -> int: ...
-    @property
-    def key(self) -> bytes: ...
-    @property
-    def value(self) -> bytes | None: ...
-    @property
-    def timestamp(self) -> int | None: ...
-
-
-def batch_records(data: bytes, header: BatchHeader, view: memoryview | None = None
-                  ) -> list[StoredRecord]:
-    """The records of a batch whose header (and so CRC) `read_batch_header` accepted.
-
-    Start-up replay's fast path: the compiled reader, plus the rules it does not check
-    itself (every record has a key, offsets rise and stay within the batch). Anything it
-    refuses is decoded again by `decode_records`, which names the problem. `view`: as for
-    `read_batch_header`.
+    Start-up's fast path, one loop per record: the compiled reader, plus the rules it does
+    not check itself (every record has a key, offsets rise and stay within the batch).
+    Anything it refuses is decoded again by `decode_records`, which names the problem.
+    `view` is a memoryview of `data` (made once per segment, not per batch).
     """
     if header.attributes & _UNSUPPORTED_ATTRIBUTES or header.record_count < 0:
         _check_attributes(header)
-    if view is None:
-        view = memoryview(data)
+    pop = newest.pop
+    previous = header.base_offset - 1
     try:
-        records: list[StoredRecord] = list(DefaultRecordBatch(view[header.position : header.end]))
+        for record in DefaultRecordBatch(view[header.position : header.end]):
+            offset = record.offset
+            key = record.key
+            if offset <= previous or key is None:
+                raise _precise_error(data, header, None)
+            previous = offset
+            pop(key, None)
+            newest[key] = record.value
     except CorruptRecordException as error:
         raise _precise_error(data, header, error) from None
-    previous = header.base_offset - 1
-    for record in records:
-        offset = record.offset
-        if offset <= previous or record.key is None:
-            raise _precise_error(data, header, None)
-        previous = offset
     if previous > header.base_offset + header.last_offset_delta:
         raise _precise_error(data, header, None)
-    return records
+    count: int = header.record_count
+    return count
 
 
 def _precise_error(data: bytes, header: BatchHeader,

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from coordinator.log.batch import LogEntry, StoredRecord
+from coordinator.log.batch import LogEntry
 from coordinator.log.errors import LogCorruptError
 from coordinator.log.files import FileLayer, OsFileLayer
 from coordinator.log.scan import SegmentScan
@@ -58,8 +58,8 @@ class LoadResult:
 
 
 class LogLoad:
-    """Iterate once for every record in offset order (or once over `record_lists()`);
-    then `result` tells what happened."""
+    """Iterate once for every record in offset order (or run `collect_newest` once); then
+    `result` tells what happened."""
 
     def __init__(self, data_dir: Path, file_layer: FileLayer) -> None:
         self._data_dir = data_dir
@@ -78,10 +78,12 @@ class LogLoad:
             for header in scan.headers():
                 yield from scan.decode(header)
 
-    def record_lists(self) -> Iterator[list[StoredRecord]]:
-        """The records batch by batch, through the compiled reader: start-up's fast path."""
+    def collect_newest(self, newest: dict[bytes, bytes | None]) -> Iterator[int]:
+        """Put every record into `newest` (key -> value, in the order of their last writes,
+        as `batch.collect_newest`), yielding each batch's record count: start-up's fast
+        path, whose caller needs only the newest value of each key."""
         for scan in self._scans():
-            yield from scan.record_lists()
+            yield from scan.collect_newest(newest)
 
     def _scans(self) -> Iterator[SegmentScan]:
         """Each segment's scan, in order; the caller walks `scan.headers()` to its end

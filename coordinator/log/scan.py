@@ -13,6 +13,7 @@ Two kinds of trouble are told apart:
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from functools import partial
 from typing import Any
 
 from coordinator.log.batch import (
@@ -22,8 +23,7 @@ from coordinator.log.batch import (
     BatchHeader,
     FrameProblem,
     LogEntry,
-    StoredRecord,
-    batch_records,
+    collect_newest,
     decode_records,
     read_batch_header,
 )
@@ -67,9 +67,10 @@ class SegmentScan:
         """The valid batches' headers, offsets checked, records not decoded."""
         return self._walk(None)
 
-    def record_lists(self) -> Iterator[list[StoredRecord]]:
-        """The valid batches' records, through the compiled reader (start-up's fast path)."""
-        return self._walk(batch_records)
+    def collect_newest(self, newest: dict[bytes, bytes | None]) -> Iterator[int]:
+        """`batch.collect_newest` for every valid batch, yielding each one's record count
+        (start-up's fast path)."""
+        return self._walk(partial(collect_newest, newest))
 
     def batches(self) -> Iterator[tuple[BatchHeader, list[LogEntry]]]:
         """The valid batches with their decoded records."""
