@@ -30,7 +30,9 @@ import heapq
 import math
 import os
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 import structlog
@@ -253,6 +255,30 @@ class AssignorTimeout(Exception):
     """An offloaded assignor run exceeded group.connect.assignor.run.timeout.ms."""
 
 
+# How many finished runs `Runtime.recent_runs` keeps.
+RECENT_RUNS = 1_000
+
+
+@dataclass(frozen=True, slots=True)
+class RunTimes:
+    """When an offloaded run was in flight, in wall-clock seconds (`time.time()`).
+
+    `submitted`: the core handed the run to the runtime (before its spec is packed).
+    `returned`: the worker process's answer (or the failure, or the timeout) is back on the
+    event loop. `landed`: the outcome is applied and its records are durable: the run's work
+    on the event loop is over. Benchmarks time heartbeats against these
+    (`bench heartbeats --assignor-load`); the same times are logged as
+    `assignor_run_landed`.
+    """
+
+    group_id: str
+    run_id: int
+    outcome: str
+    submitted: float
+    returned: float
+    landed: float
+
+
 # ---------------------------------------------------------------------------- runtime
 
 
@@ -294,6 +320,10 @@ class Runtime:
         self._packers: dict[str, SpecPacker] = {}
         # Installs listing at least this many units are checked in a thread first.
         self.install_offload_units = INSTALL_OFFLOAD_UNITS
+        # The latest offloaded runs, oldest first: when each was in flight; and how many
+        # have landed since start-up.
+        self.recent_runs: deque[RunTimes] = deque(maxlen=RECENT_RUNS)
+        self.runs_landed = 0
 
     # ---------------------------------------------------------------- lifetime
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -501,7 +531,7 @@ class Runtime:
     def _start_job(self, run: AssignorRun) -> None:
         if self._nursery is None:
             raise RuntimeError("Runtime.run() is not running; cannot start an assignor run")
-        self._nursery.start_soon(self._run_job, run)
+        self._nursery.start_soon(self._run_job, run, time.time())
 
     def _packer_for(self, group_id: str) -> SpecPacker:
         packer = self._packers.get(group_id)
@@ -512,7 +542,7 @@ class Runtime:
             packer = self._packers[group_id] = SpecPacker()
         return packer
 
-    async def _run_job(self, run: AssignorRun) -> None:
+    async def _run_job(self, run: AssignorRun, submitted: float) -> None:
         assignor = self.core.assignors[run.assignor]
         outcome: AssignmentResult | BaseException
         verified = False
@@ -552,6 +582,7 @@ class Runtime:
             )
             label = "timeout"
         self.metrics.assignor_runs.labels(label).inc()
+        returned = time.time()
         log.info("assignor_run_finished", group=run.group_id, assignor=run.assignor,
                  run=run.run_id, outcome=label,
                  duration_ms=round((time.perf_counter() - started) * 1000, 2))
@@ -560,3 +591,10 @@ class Runtime:
                 run, outcome, self.clock.now_ms(), verified))
         except Exception:
             log.exception("assignor_result_failed", group=run.group_id, run=run.run_id)
+        times = RunTimes(run.group_id, run.run_id, label, submitted, returned, time.time())
+        self.recent_runs.append(times)
+        self.runs_landed += 1
+        log.info("assignor_run_landed", group=run.group_id, run=run.run_id, outcome=label,
+                 submitted_at=round(times.submitted, 6), returned_at=round(times.returned, 6),
+                 landed_at=round(times.landed, 6),
+                 landing_ms=round((times.landed - times.returned) * 1000, 2))

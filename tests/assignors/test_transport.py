@@ -94,3 +94,25 @@ def test_run_packed_runs_the_assignor() -> None:
     result = run_packed(SpecPacker().pack(BalancedAssignor(), spec))
     direct = BalancedAssignor().assign(spec)
     assert expand(spec, result).target == {m: frozenset(u) for m, u in direct.target.items()}
+
+
+def test_every_spec_field_travels() -> None:
+    """The packer lists the spec's fields by hand: a new field must be added there too."""
+    from dataclasses import fields
+
+    assert [f.name for f in fields(AssignmentSpec)] == [
+        "group_id", "members", "connectors", "previous_target", "previous_state", "now_ms",
+        "scheduled_rebalance_max_delay_ms"]
+    assert [f.name for f in fields(MemberSpec)] == [
+        "member_id", "instance_id", "worker_url", "current_target", "metadata"]
+    targets = split(2)
+    spec = AssignmentSpec(
+        group_id="g",
+        members={"w0": MemberSpec("w0", "i0", "http://w0:8083", targets["w0"], b"m0"),
+                 "w1": MemberSpec("w1", None, "http://w1:8083", frozenset({("a", 0)}))},
+        connectors=CONNECTORS, previous_target={**targets, "gone": frozenset()},
+        previous_state=b"state", now_ms=7, scheduled_rebalance_max_delay_ms=9)
+    _assignor, copy = unpack(pickle.loads(pickle.dumps(SpecPacker().pack(BalancedAssignor(),
+                                                                           spec))))
+    assert copy == spec
+    assert copy.members["w0"].current_target is copy.previous_target["w0"]  # one object

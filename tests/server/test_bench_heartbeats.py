@@ -7,13 +7,21 @@ these tests take a few seconds each.
 from __future__ import annotations
 
 import json
+import logging
 import math
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import structlog
 
 from coordinator import cli
-from coordinator.server.bench_heartbeats import summarize
+from coordinator.server.bench_heartbeats import (
+    BenchError,
+    in_flight_figures,
+    split_by_runs,
+    summarize,
+)
 from coordinator.workers.state import WorkerConfig, WorkerState
 from protocol.messages import ConnectGroupHeartbeatResponse
 
@@ -44,13 +52,16 @@ def test_json_report_of_a_tiny_run(capsys: pytest.CaptureFixture[str]) -> None:
     check_figures(report)
     assert report["processes"] == 2 and report["workers"] == 6
     assert report["coordinator"] == "subprocess"
+    assert report["load_gc"] == "paused"  # the load's collections stay out of the window
+    assert report["machine_cpu"] >= report["server_cpu"]  # the whole machine's, ours included
     assert report["stable_at_end"] is True and report["worker_failures"] == []
     assert "assignor_load" not in report
 
 
 def test_assignor_load_is_reported_side_by_side(capsys: pytest.CaptureFixture[str]) -> None:
     code, report = run_cli([*TINY, "--assignor-load", "--assignor-workers", "10",
-                            "--assignor-connectors", "5", "--assignor-tasks", "50"], capsys)
+                            "--assignor-connectors", "5", "--assignor-tasks", "50",
+                            "--in-flight-put-interval-ms", "20"], capsys)
     assert code == 0
     check_figures(report)
     load = report["assignor_load"]
@@ -58,6 +69,77 @@ def test_assignor_load_is_reported_side_by_side(capsys: pytest.CaptureFixture[st
     assert load["runs"] > 0 and load["puts"] > 0  # runs were triggered during the window
     assert report["baseline_runs"] == 0  # ...and none in the baseline window
     assert report["p99_ratio"] == pytest.approx(load["p99_ms"] / report["p99_ms"], abs=0.01)
+    check_in_flight(report)
+
+
+def check_in_flight(report: dict[str, Any]) -> None:
+    """The in-flight window (issue 4's target as written) is reported next to the rest."""
+    flight = report["in_flight"]
+    assert flight["runs"] > 0 and flight["puts"] > 0
+    assert 0 < flight["in_flight_share"] < 1  # runs were in flight, but not all the time
+    assert flight["flight_ms_mean"] > 0 and flight["flight_ms_max"] >= flight["flight_ms_mean"]
+    for name in ("baseline", "in_flight", "between_runs"):
+        part = flight[name]
+        # A run of this tiny group takes a few ms: a resize every 20 ms puts some of the
+        # heartbeats in flight, and most between runs.
+        assert part["heartbeats"] > 0, name
+        assert part["p50_ms"] <= part["p99_ms"] <= part["p999_ms"] <= part["max_ms"]
+    assert flight["baseline"]["heartbeats"] == report["heartbeats"]
+    # Every stable heartbeat of the window is in one of the two classes.
+    assert (flight["in_flight"]["heartbeats"] + flight["between_runs"]["heartbeats"]
+            == flight["window"]["heartbeats"])
+    assert flight["window"]["errors"] == {} and flight["window"]["unstable"] == 0
+    assert flight["p99_ratio"] == pytest.approx(
+        flight["in_flight"]["p99_ms"] / flight["baseline"]["p99_ms"], abs=0.01)
+
+
+@pytest.fixture
+def logging_restored() -> Iterator[None]:
+    """`--in-process` configures logging for the bench's process, onto this test's captured
+    stderr; later tests must not log to it once it is closed."""
+    saved = structlog.get_config()
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    structlog.configure(**saved)
+    root.handlers[:] = handlers
+    root.setLevel(level)
+
+
+@pytest.mark.usefixtures("logging_restored")
+def test_in_flight_window_alone_with_the_coordinator_in_process(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    code, report = run_cli([*TINY, "--in-process", "--assignor-load", "--assignor-workers", "10",
+                            "--assignor-connectors", "5", "--assignor-tasks", "50",
+                            "--assignor-windows", "in-flight", "--load-gc", "on",
+                            "--in-flight-put-interval-ms", "20"], capsys)
+    assert code == 0
+    check_figures(report)
+    assert "assignor_load" not in report and "p99_ratio" not in report
+    assert report["baseline_runs"] == 0 and report["in_flight_put_interval_ms"] == 20
+    assert report["load_gc"] == "on"
+    check_in_flight(report)
+
+
+def test_heartbeats_are_split_by_when_they_were_sent() -> None:
+    window = [{"latencies_ms": [], "window_s": [100.0, 110.0]},  # the coordinator's part
+              {"latencies_ms": [1.0, 50.0, 2.0, 60.0, 3.0],
+               "sent_s": [100.5, 101.0, 101.6, 103.0, 104.5]},
+              {"latencies_ms": [70.0, 4.0], "sent_s": [103.5, 109.9]}]
+    # Two overlapping runs make one flight (101-102); another runs 103-104 (ends included).
+    runs = [(101.0, 101.5), (101.4, 101.55), (103.0, 104.0), (50.0, 60.0)]
+    in_flight, between = split_by_runs(window, runs)
+    assert sorted(in_flight) == [50.0, 60.0, 70.0]
+    assert sorted(between) == [1.0, 2.0, 3.0, 4.0]
+    baseline = [[{"latencies_ms": [1.0] * 99 + [10.0]}]]
+    figures = in_flight_figures(baseline, [window], [runs], duration=10.0)
+    assert figures["runs"] == 3  # (50, 60) is outside the window
+    assert figures["in_flight_share"] == pytest.approx((0.55 + 1.0) / 10, abs=0.001)
+    assert figures["flight_ms_max"] == 1000.0
+    assert figures["baseline"]["p99_ms"] == 1.0 and figures["in_flight"]["p99_ms"] == 70.0
+    assert figures["p99_ratio"] == 70.0 and figures["in_flight"]["heartbeats"] == 3
+    with pytest.raises(BenchError):
+        split_by_runs([{"latencies_ms": [1.0], "sent_s": []}], runs)
 
 
 def test_options_are_checked(capsys: pytest.CaptureFixture[str]) -> None:
@@ -65,6 +147,11 @@ def test_options_are_checked(capsys: pytest.CaptureFixture[str]) -> None:
         cli.main(["bench", "heartbeats", "--processes", "0"])
     with pytest.raises(SystemExit):
         cli.main(["bench", "heartbeats", "--bootstrap", "127.0.0.1:19092"])  # no --admin
+    with pytest.raises(SystemExit):  # it cannot tell when runs were in flight
+        cli.main(["bench", "heartbeats", "--bootstrap", "127.0.0.1:19092", "--admin",
+                  "http://127.0.0.1:19093", "--assignor-load"])
+    with pytest.raises(SystemExit):
+        cli.main(["bench", "heartbeats", "--assignor-load", "--in-flight-put-interval-ms", "0"])
     capsys.readouterr()
 
 

@@ -199,13 +199,15 @@ async def test_heartbeats_are_answered_while_a_slow_run_is_in_flight(
             first_epoch = view["assignment_epoch"]
 
             started = time.perf_counter()
+            joined_at = time.time()
             await w2.join()
             assert time.perf_counter() - started < 0.2  # the join is not held by the run
             group = handle.runtime.core.store.groups[G]
             assert group.assignor_run is not None
+            slow_run = group.assignor_run.run_id
 
             answered_in_flight = 0
-            with trio.fail_after(SLOW_SECONDS + 5):
+            with trio.fail_after(SLOW_SECONDS + 5), capture_logs() as logs:
                 while group.assignor_run is not None:
                     started = time.perf_counter()
                     response = await w1.heartbeat()
@@ -216,6 +218,9 @@ async def test_heartbeats_are_answered_while_a_slow_run_is_in_flight(
                         assert response.member_epoch == first_epoch
                         assert len(w1.owned) == 4  # nothing moves before the target lands
                     await trio.sleep(0.1)
+                while not handle.runtime.recent_runs \
+                        or handle.runtime.recent_runs[-1].run_id != slow_run:  # noqa: ASYNC110
+                    await trio.sleep(0.01)  # its records are being written
             assert answered_in_flight >= 8  # ~1.5 s of heartbeats every 0.1 s
 
             view = await settle(handle, [w1, w2])
@@ -233,6 +238,18 @@ async def test_heartbeats_are_answered_while_a_slow_run_is_in_flight(
                 'connect_coordinator_assignor_run_seconds_sum{assignor="slow"}']) >= 1.4
             assert float(samples["connect_coordinator_assignor_runs_in_flight"]) == 0
             assert float(samples["connect_coordinator_assignor_pool_busy_ratio"]) == 0
+
+            # When each run was in flight (what `bench heartbeats` times heartbeats against):
+            # the slow one from the join's answer until after its sleep, and then logged.
+            runs_seen = list(handle.runtime.recent_runs)
+            assert [times.run_id for times in runs_seen][-1] == slow_run
+            times = runs_seen[-1]
+            assert times.group_id == G and times.outcome == "ok"
+            assert joined_at <= times.submitted < times.returned <= times.landed
+            assert times.returned - times.submitted >= SLOW_SECONDS - 0.1
+            landed = [e for e in logs if e["event"] == "assignor_run_landed"]
+            assert [(e["run"], e["submitted_at"], e["landed_at"]) for e in landed] == [
+                (slow_run, round(times.submitted, 6), round(times.landed, 6))]
 
 
 # ---------------------------------------------------------------------------- 2. batching
