@@ -74,6 +74,7 @@ from typing import Any
 
 import trio
 
+from coordinator.cli import module_command
 from coordinator.client import KafkaClient
 from protocol.errors import ErrorCode, error_name
 from protocol.messages import ConnectGroupDescribeRequest, ConnectGroupHeartbeatRequest
@@ -292,7 +293,7 @@ class LoadProcess:
     @classmethod
     async def start(cls, plan: dict[str, Any]) -> LoadProcess:
         process = await trio.lowlevel.open_process(
-            [sys.executable, "-m", "coordinator.server.bench_heartbeats", LOAD_PROCESS_FLAG],
+            module_command("coordinator.server.bench_heartbeats", LOAD_PROCESS_FLAG),
             stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         self = cls(process)
         await self.send(plan)
