@@ -120,7 +120,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="loads of the same log; the median is reported (default %(default)s)")
     parser.add_argument("--compacted", action="store_true",
                         help="load only the newest record of each key (a compacted log)")
-    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--json", action="store_true",
+                        help="print one JSON object (keys: records, wall_s, wall_s_each, "
+                             "records_per_s, ...)")
     parser.add_argument(LOAD_ONLY_FLAG, type=Path, help=argparse.SUPPRESS)  # one round's child
     args = parser.parse_args(argv)
     if args.load_only is not None:
