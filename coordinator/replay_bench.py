@@ -28,6 +28,7 @@ from coordinator.core.coordinator import GroupCoordinator
 from coordinator.core.group import units_to_wire
 from coordinator.core.result import Result
 from coordinator.log import LogWriter, read_all
+from coordinator.log.compaction import MAX_BATCH_RECORDS
 from coordinator.logs import configure_logging
 from coordinator.storage import LogReplayer, encode_records
 from protocol.messages import ConnectGroupHeartbeatRequest
@@ -71,15 +72,14 @@ def build_log(data_dir: Path, records: int) -> int:
 
 def write_compacted(source: Path, target: Path) -> int:
     """`target` gets the newest record of every key of `source`, in the order of their last
-    write, 1,000 to a batch: what compaction leaves of a log."""
+    write, in batches as compaction packs them: what compaction leaves of a log."""
     newest: dict[bytes, bytes | None] = {}
-    for entry in read_all(source):
-        newest.pop(entry.key, None)
-        newest[entry.key] = entry.value
+    for _ in read_all(source).collect_newest(newest):
+        pass
     writer = LogWriter.open(target)
     survivors = list(newest.items())
-    for start in range(0, len(survivors), 1000):
-        writer.append(survivors[start : start + 1000], NOW_MS)
+    for start in range(0, len(survivors), MAX_BATCH_RECORDS):
+        writer.append(survivors[start : start + MAX_BATCH_RECORDS], NOW_MS)
     writer.sync()
     writer.close()
     return len(survivors)

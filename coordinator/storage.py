@@ -178,8 +178,8 @@ class LogReplayer:
         # State is a function of the newest record per key (what compaction keeps), so
         # only those are decoded and replayed, in the order of their last write: the
         # same as replaying a fully compacted log, without decoding superseded values.
-        # Only the value is kept: superseded records are freed batch by batch, and the
-        # offset of a record that fails to decode is looked up again (`find_newest`).
+        # Only the value is kept (a newer one replaces it); the offset of a record that
+        # fails to decode is looked up again (`find_newest`).
         newest: dict[bytes, bytes | None] = {}
         try:
             next_checkpoint = REPLAY_YIELD_EVERY

@@ -345,14 +345,11 @@ class GroupStore:
             rebalance_timeout_ms=value.rebalance_timeout_ms,
             server_assignor=value.server_assignor,
             client_assignors=tuple(
-                [
-                    AssignorInfo(
-                        a.name, a.minimum_version, a.maximum_version, a.reason, a.version,
-                        a.metadata
-                    )
-                    for a in value.client_assignors
-                ]
-            ) if value.client_assignors else (),
+                AssignorInfo(
+                    a.name, a.minimum_version, a.maximum_version, a.reason, a.version, a.metadata
+                )
+                for a in value.client_assignors
+            ),
         )
         if old_instance is not None and old_instance != value.instance_id:
             if group.instances.get(old_instance) == key.member_id:

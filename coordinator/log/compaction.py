@@ -29,7 +29,7 @@ from coordinator.log.scan import SegmentScan
 from coordinator.log.segments import TEMP_SUFFIX, Segment, list_segments
 
 # Kept records are packed into new batches of at most this many records or bytes.
-_MAX_BATCH_RECORDS = 1000
+MAX_BATCH_RECORDS = 1000
 _MAX_BATCH_BYTES = 1024 * 1024
 
 
@@ -195,7 +195,7 @@ def _batches(entries: list[LogEntry]) -> Iterator[bytes]:
     while start < len(entries):
         end = start
         size = 0
-        while end < len(entries) and end - start < _MAX_BATCH_RECORDS and size < _MAX_BATCH_BYTES:
+        while end < len(entries) and end - start < MAX_BATCH_RECORDS and size < _MAX_BATCH_BYTES:
             entry = entries[end]
             size += len(entry.key) + (len(entry.value) if entry.value is not None else 0)
             end += 1

@@ -86,8 +86,9 @@ class LogLoad:
             yield from scan.collect_newest(newest)
 
     def _scans(self) -> Iterator[SegmentScan]:
-        """Each segment's scan, in order; the caller walks `scan.headers()` to its end
-        before asking for the next, and what the walk found is dealt with then."""
+        """Each segment's scan, in order; the caller walks it to its end (`headers()` or
+        `collect_newest()`) before asking for the next, and what the walk found is dealt
+        with then."""
         if self._started:
             raise RuntimeError("a LogLoad can be iterated only once")
         self._started = True

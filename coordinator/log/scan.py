@@ -81,7 +81,7 @@ class SegmentScan:
         try:
             return decode_records(self.data, header)
         except BatchFormatError as error:
-            raise self._corrupt(header.position, f"malformed batch: {error}") from None
+            raise self._malformed(header, error) from None
 
     def _walk(self, read_records: Callable[[bytes, BatchHeader, memoryview], Any] | None
               ) -> Iterator[Any]:
@@ -118,7 +118,7 @@ class SegmentScan:
                 try:
                     yield read_records(data, header, view)
                 except BatchFormatError as error:
-                    raise self._corrupt(header.position, f"malformed batch: {error}") from None
+                    raise self._malformed(header, error) from None
             self.last_offset = header.base_offset + header.last_offset_delta
             self.batch_count += 1
             self.record_count += header.record_count
@@ -196,6 +196,9 @@ class SegmentScan:
             header = read_batch_header(data, candidate)
             if isinstance(header, BatchHeader):
                 return header
+
+    def _malformed(self, header: BatchHeader, error: BatchFormatError) -> LogCorruptError:
+        return self._corrupt(header.position, f"malformed batch: {error}")
 
     def _corrupt(self, position: int, reason: str) -> LogCorruptError:
         return LogCorruptError(
