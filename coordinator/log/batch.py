@@ -226,40 +226,56 @@ def collect_newest(newest: dict[bytes, bytes | None], data: bytes, header: Batch
     into `newest`, key -> value; a key written again moves to the end, so the dict keeps
     the order of last writes. Returns the batch's record count.
 
-    Start-up's fast path, one loop per record: the compiled reader, plus the rules it does
-    not check itself (every record has a key, offsets rise and stay within the batch).
-    Anything it refuses is decoded again by `decode_records`, which names the problem.
-    `view` is a memoryview of `data` (made once per segment, not per batch).
+    Anything `collect_newest_records` refuses is decoded again by `decode_records`, which
+    names the problem. `view` is a memoryview of `data` (made once per segment, not per
+    batch).
     """
     if header.attributes & _UNSUPPORTED_ATTRIBUTES or header.record_count < 0:
         _check_attributes(header)
-    pop = newest.pop
-    previous = header.base_offset - 1
-    try:
-        for record in DefaultRecordBatch(view[header.position : header.end]):
-            offset = record.offset
-            key = record.key
-            if offset <= previous or key is None:
-                raise _precise_error(data, header, None)
-            previous = offset
-            pop(key, None)
-            newest[key] = record.value
-    except CorruptRecordException as error:
-        raise _precise_error(data, header, error) from None
-    if previous > header.base_offset + header.last_offset_delta:
-        raise _precise_error(data, header, None)
+    if not collect_newest_records(newest, view, header.position, header.end,
+                                  header.base_offset, header.last_offset):
+        raise _precise_error(data, header, view)
     count: int = header.record_count
     return count
 
 
-def _precise_error(data: bytes, header: BatchHeader,
-                   error: CorruptRecordException | None) -> BatchFormatError:
+def collect_newest_records(newest: dict[bytes, bytes | None], view: memoryview, start: int,
+                           end: int, base_offset: int, last_offset: int) -> bool:
+    """`collect_newest`'s loop, for a batch from `start` to `end` whose header checks
+    passed: the compiled reader, plus the rules it does not check itself (every record
+    has a key, offsets rise and stay within the batch). False when the batch breaks any
+    of them (`newest` may then hold some of its records): the caller raises.
+
+    Start-up's fast path: one loop per record, taking plain ints so that a segment walk
+    need not build a header per batch."""
+    pop = newest.pop
+    previous = base_offset - 1
+    try:
+        for record in DefaultRecordBatch(view[start:end]):
+            offset = record.offset
+            key = record.key
+            if offset <= previous or key is None:
+                return False
+            previous = offset
+            pop(key, None)
+            newest[key] = record.value
+    except CorruptRecordException:
+        return False
+    return previous <= last_offset
+
+
+def _precise_error(data: bytes, header: BatchHeader, view: memoryview) -> BatchFormatError:
     try:
         decode_records(data, header)
     except BatchFormatError as precise:
         return precise
     # Only the compiled reader objects: still damage, in its words.
-    return BatchFormatError(str(error) if error else "records out of order or without a key")
+    try:
+        for _ in DefaultRecordBatch(view[header.position : header.end]):
+            pass
+    except CorruptRecordException as error:
+        return BatchFormatError(str(error))
+    return BatchFormatError("records out of order or without a key")
 
 
 def decode_records(data: bytes, header: BatchHeader) -> list[LogEntry]:

@@ -16,14 +16,22 @@ from collections.abc import Callable, Iterator
 from functools import partial
 from typing import Any
 
+from crc32c import crc32c
+
 from coordinator.log.batch import (
+    _CRC_COVERAGE_START,
+    _HEADER,
+    _UNSUPPORTED_ATTRIBUTES,
     HEADER_SIZE,
+    LENGTH_PREFIX_SIZE,
     MAGIC,
+    MIN_BATCH_LENGTH,
     BatchFormatError,
     BatchHeader,
     FrameProblem,
     LogEntry,
     collect_newest,
+    collect_newest_records,
     decode_records,
     read_batch_header,
 )
@@ -32,6 +40,8 @@ from coordinator.log.segments import Segment
 
 _MAGIC_POSITION = 16  # of the magic byte within a batch
 _NO_LIMIT = 2**63  # above every int64 offset
+# `collect_newest` yields after this many batches, so that start-up can keep answering.
+COLLECT_CHUNK_BATCHES = 2048
 
 
 class SegmentScan:
@@ -67,10 +77,66 @@ class SegmentScan:
         """The valid batches' headers, offsets checked, records not decoded."""
         return self._walk(None)
 
-    def collect_newest(self, newest: dict[bytes, bytes | None]) -> Iterator[int]:
-        """`batch.collect_newest` for every valid batch, yielding each one's record count
-        (start-up's fast path)."""
-        return self._walk(partial(collect_newest, newest))
+    def collect_newest(self, newest: dict[bytes, bytes | None],
+                       chunk_batches: int = COLLECT_CHUNK_BATCHES) -> Iterator[int]:
+        """`batch.collect_newest` for every valid batch (start-up's fast path), yielding
+        the number of records collected every `chunk_batches` batches."""
+        # Start-up walks every batch of the log through this loop, and most batches hold a
+        # few records, so the per-batch work is what counts: the usual batch (whole, right
+        # magic and CRC, supported attributes, offsets where they belong) is checked on
+        # plain ints, without building a header. Any other goes through `_next_batch`,
+        # the careful step, which records a frame problem or raises with the reason.
+        data, view, size = self.data, self.view, self.size
+        unpack_header = _HEADER.unpack_from
+        consecutive = self._consecutive
+        segment_base = self.segment.base_offset
+        offset_limit = _NO_LIMIT if self._next_segment_base is None else self._next_segment_base
+        careful = partial(collect_newest, newest)
+        position = self.valid_end
+        while position < size:
+            counted_before = self.record_count
+            last_offset, batch_count, record_count = (
+                self.last_offset, self.batch_count, self.record_count)
+            chunk_end = batch_count + chunk_batches
+            while position < size and batch_count < chunk_end:
+                if size - position >= HEADER_SIZE:
+                    (base, length, _epoch, magic, crc, attributes, delta, _first_timestamp,
+                     _max_timestamp, _producer, _producer_epoch, _sequence, count
+                     ) = unpack_header(data, position)
+                    end = position + LENGTH_PREFIX_SIZE + length
+                    if (
+                        length >= MIN_BATCH_LENGTH
+                        and end <= size
+                        and magic == MAGIC
+                        and not attributes & _UNSUPPORTED_ATTRIBUTES
+                        and 0 <= delta
+                        and base + delta < offset_limit
+                        and (
+                            base == (last_offset + 1 if batch_count else segment_base)
+                            and count == delta + 1
+                            if consecutive
+                            else count >= 0 and base > last_offset and base >= segment_base
+                        )
+                        and crc32c(view[position + _CRC_COVERAGE_START : end]) == crc
+                        and collect_newest_records(newest, view, position, end, base,
+                                                   base + delta)
+                    ):
+                        last_offset = base + delta
+                        batch_count += 1
+                        record_count += count
+                        position = end
+                        continue
+                self.last_offset, self.batch_count = last_offset, batch_count
+                self.record_count, self.valid_end = record_count, position
+                if self._next_batch(position, careful) is None:
+                    yield self.record_count - counted_before
+                    return  # a frame problem: the caller decides what it means
+                # Only reached if the careful step accepts what the quick checks did not.
+                last_offset, batch_count = self.last_offset, self.batch_count
+                record_count, position = self.record_count, self.valid_end
+            self.last_offset, self.batch_count = last_offset, batch_count
+            self.record_count, self.valid_end = record_count, position
+            yield record_count - counted_before
 
     def batches(self) -> Iterator[tuple[BatchHeader, list[LogEntry]]]:
         """The valid batches with their decoded records."""
@@ -85,44 +151,37 @@ class SegmentScan:
 
     def _walk(self, read_records: Callable[[bytes, BatchHeader, memoryview], Any] | None
               ) -> Iterator[Any]:
-        # One loop for both: start-up walks every batch of the log through here.
-        data = self.data
-        view = self.view
-        position = 0
-        size = len(data)
-        consecutive = self._consecutive
-        segment_base = self.segment.base_offset
-        offset_limit = _NO_LIMIT if self._next_segment_base is None else self._next_segment_base
-        while position < size:
-            header = read_batch_header(data, position, view)
-            if isinstance(header, FrameProblem):
-                self.frame_problem = header
+        position = self.valid_end
+        while position < self.size:
+            step = self._next_batch(position, read_records)
+            if step is None:
                 return
-            # The usual batch passes this at a glance; any other goes through the careful
-            # check, which raises with the reason.
-            base, delta = header.base_offset, header.last_offset_delta
-            if not (
-                0 <= delta
-                and base + delta < offset_limit
-                and (
-                    base == (self.last_offset + 1 if self.batch_count else segment_base)
-                    and header.record_count == delta + 1
-                    if consecutive
-                    else base > self.last_offset and base >= segment_base
-                )
-            ):
-                self._check_offsets(header)
-            if read_records is None:
-                yield header
-            else:
-                try:
-                    yield read_records(data, header, view)
-                except BatchFormatError as error:
-                    raise self._malformed(header, error) from None
-            self.last_offset = header.base_offset + header.last_offset_delta
-            self.batch_count += 1
-            self.record_count += header.record_count
-            position = self.valid_end = header.end
+            header, records = step
+            yield header if read_records is None else records
+            position = header.end
+
+    def _next_batch(self, position: int,
+                    read_records: Callable[[bytes, BatchHeader, memoryview], Any] | None
+                    ) -> tuple[BatchHeader, Any] | None:
+        """The batch at `position` with its offsets checked and (unless `read_records` is
+        None) its records read; None after recording a frame problem there. Raises
+        `LogCorruptError` for a batch whose CRC matches but that breaks a rule."""
+        header = read_batch_header(self.data, position, self.view)
+        if isinstance(header, FrameProblem):
+            self.frame_problem = header
+            return None
+        self._check_offsets(header)
+        records = None
+        if read_records is not None:
+            try:
+                records = read_records(self.data, header, self.view)
+            except BatchFormatError as error:
+                raise self._malformed(header, error) from None
+        self.last_offset = header.base_offset + header.last_offset_delta
+        self.batch_count += 1
+        self.record_count += header.record_count
+        self.valid_end = header.end
+        return header, records
 
     def _check_offsets(self, header: BatchHeader) -> None:
         base = header.base_offset
