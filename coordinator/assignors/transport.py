@@ -19,7 +19,9 @@ members' targets are the same frozenset objects, so:
 from __future__ import annotations
 
 import pickle
+from collections.abc import Generator
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Any
 
 from coordinator.assignors.api import (
@@ -32,6 +34,8 @@ from coordinator.units import Unit, units_of
 
 # Sets smaller than this are pickled inline: an index would cost more than it saves.
 SHARED_SET_MIN = 16
+# Members packed between two yields of `pack_in_steps`: about 0.3 ms on the event loop.
+PACK_STEP_MEMBERS = 250
 PROTOCOL = pickle.HIGHEST_PROTOCOL
 
 
@@ -86,15 +90,37 @@ class SpecPacker:
         return units
 
     def pack(self, assignor: ServerAssignor, spec: AssignmentSpec) -> PackedRun:
+        """`pack_in_steps` all at once."""
+        steps = self.pack_in_steps(assignor, spec)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                packed: PackedRun = done.value
+                return packed
+
+    def pack_in_steps(self, assignor: ServerAssignor, spec: AssignmentSpec
+                      ) -> Generator[None, None, PackedRun]:
+        """Pack a run, yielding after every `PACK_STEP_MEMBERS` members (the packed run is
+        the generator's return value): the event loop answers heartbeats in between
+        instead of after a millisecond and more for a big group. The spec is the run's own
+        and does not change meanwhile; one packer packs one run at a time."""
         self._used, self._order, self._sets = {}, {}, []
         ref = self._ref
-        members = tuple(
-            (key, m.member_id, m.instance_id, m.worker_url, ref(m.current_target), m.metadata)
-            for key, m in spec.members.items())
-        previous = tuple((key, ref(units)) for key, units in spec.previous_target.items())
+        members: list[tuple[Any, ...]] = []
+        entries = iter(spec.members.items())
+        while chunk := list(islice(entries, PACK_STEP_MEMBERS)):
+            members += [(key, m.member_id, m.instance_id, m.worker_url, ref(m.current_target),
+                         m.metadata) for key, m in chunk]
+            yield
+        previous: list[tuple[str, Any]] = []
+        targets = iter(spec.previous_target.items())
+        while part := list(islice(targets, PACK_STEP_MEMBERS * 2)):
+            previous += [(key, ref(units)) for key, units in part]
+            yield
         payload = pickle.dumps(
-            (assignor, spec.group_id, members, spec.connectors, previous, spec.previous_state,
-             spec.now_ms, spec.scheduled_rebalance_max_delay_ms), PROTOCOL)
+            (assignor, spec.group_id, tuple(members), spec.connectors, tuple(previous),
+             spec.previous_state, spec.now_ms, spec.scheduled_rebalance_max_delay_ms), PROTOCOL)
         # Keep only what this spec used: the sets of the next spec are mostly these.
         self._known = self._used
         return PackedRun(payload, tuple(self._sets))

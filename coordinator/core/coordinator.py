@@ -872,7 +872,15 @@ class GroupCoordinator:
                 if owner not in group.members:
                     continue
             if units is None:
-                parts[owner] = TargetPart(frozenset(member_units))
+                # A member whose units did not change keeps its part object: the landing
+                # of a big group's run builds and compares only what changed.
+                # (A server-side part has no version or metadata.)
+                old = group.target.get(owner)
+                if old is not None and old.units is member_units and not (
+                        old.version or old.metadata):
+                    parts[owner] = old
+                else:
+                    parts[owner] = TargetPart(frozenset(member_units))
                 continue
             kept = member_units & units  # units deleted meanwhile are dropped
             if not seen.isdisjoint(kept):
@@ -890,8 +898,9 @@ class GroupCoordinator:
         self._install_target(
             group, change, run.group_epoch, parts, 0, name, now_ms, outcome.state, SERVER_MODE
         )
-        for member_id in run.spec.previous_target:
-            group.departed_parts.pop(member_id, None)
+        if group.departed_parts:
+            for member_id in run.spec.previous_target:
+                group.departed_parts.pop(member_id, None)
         if outcome.rerun_at_ms is not None:
             change.timers.append(
                 TimerSet(_timer(ASSIGNMENT_TIMER, group.group_id), max(outcome.rerun_at_ms, now_ms))
@@ -911,9 +920,11 @@ class GroupCoordinator:
         mode: str,
     ) -> None:
         group_id = group.group_id
+        target = group.target
         for member_id in group.members:
             new = parts.get(member_id, EMPTY_TARGET)
-            if group.target.get(member_id) != new:
+            old = target.get(member_id)
+            if old is not new and old != new:
                 change.write(target_member_record(group_id, member_id, new))
         for member_id in [m for m in group.target if m not in group.members]:
             change.write(target_member_record(group_id, member_id, None))

@@ -413,11 +413,13 @@ class GroupStore:
             group.assignor_state = value.assignor_state
             if not epoch_changed:
                 return
-        # A new target epoch changes who counts as reconciled: one pass over the members.
+        # A new target epoch changes who counts as reconciled: one pass over the members
+        # (`is_reconciled` inlined: this runs on the event loop when a big group's run lands).
+        epoch, stable = group.assignment_epoch, MemberState.STABLE
         group.unreconciled = {
             member_id
             for member_id, member in group.members.items()
-            if not group.is_reconciled(member)
+            if member.current.epoch != epoch or member.current.state is not stable
         }
 
     @staticmethod

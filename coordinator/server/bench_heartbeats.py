@@ -59,6 +59,7 @@ import gc
 import json
 import math
 import os
+import random
 import re
 import subprocess
 import sys
@@ -92,6 +93,43 @@ REJOIN = (ErrorCode.UNKNOWN_MEMBER_ID, ErrorCode.FENCED_MEMBER_EPOCH)
 
 class BenchError(Exception):
     """The benchmark could not run (coordinator did not start, groups never settled...)."""
+
+
+async def heartbeat_member(client: KafkaClient, group: str, member: str, *,
+                           pause_s: Callable[[], float] | None,
+                           on_answer: Callable[[int], None],
+                           server_assignor: str | None = None,
+                           rebalance_timeout_ms: int = 60_000) -> None:
+    """A member that only heartbeats, until cancelled: it joins, acknowledges each new
+    assignment at once (a revocation must be), and otherwise sends a stable heartbeat after
+    `pause_s()` seconds (None: the interval the coordinator asks for). `on_answer` gets the
+    member epoch of every accepted answer. Errors other than a fencing (rejoin) are retried
+    after half a second."""
+    epoch, owned, send_owned = 0, None, None
+    while True:
+        if epoch == 0:
+            request = ConnectGroupHeartbeatRequest(
+                group_id=group, member_id=member, member_epoch=0,
+                worker_url=f"http://{member}:8083", rebalance_timeout_ms=rebalance_timeout_ms,
+                server_assignor=server_assignor)
+        else:
+            request = ConnectGroupHeartbeatRequest(
+                group_id=group, member_id=member, member_epoch=epoch,
+                owned_connectors_and_tasks=send_owned)
+        response = await client.request(HEARTBEAT, request)
+        if response.error_code in REJOIN:
+            epoch, owned, send_owned = 0, None, None
+            continue
+        if response.error_code != 0:
+            await trio.sleep(0.5)  # loading, not available...: retry
+            continue
+        epoch = response.member_epoch
+        on_answer(epoch)
+        if response.assignment is not None and response.assignment.assigned != owned:
+            owned = send_owned = response.assignment.assigned
+            continue
+        send_owned = None
+        await trio.sleep(response.heartbeat_interval_ms / 1000 if pause_s is None else pause_s())
 
 
 # ============================================================================ load process
@@ -218,43 +256,15 @@ async def _timed_window(recorder: Recorder, start_wall: float, duration: float,
 
 
 async def _load_process(plan: dict[str, Any], out: Any) -> None:
-    from coordinator.workers.registry import UnitRegistry
-    from coordinator.workers.state import WorkerConfig
-    from coordinator.workers.worker import Worker
-
     def send(message: dict[str, Any]) -> None:
         out.write(json.dumps(message) + "\n")
         out.flush()
 
     recorder = Recorder()
-    registry = UnitRegistry()
-    host, port = plan["host"], plan["port"]
-    workers = []
-    for group, member in plan["workers"]:
-        async def connect(member: str = member) -> KafkaClient:
-            return TimedClient(await trio.open_tcp_stream(host, port), member, recorder)
-
-        config = WorkerConfig(group_id=group, worker_url=f"http://{member}:8083",
-                              member_id=member,
-                              heartbeat_interval_override_ms=plan["interval_ms"])
-        workers.append(Worker(config, registry, connect=connect,
-                              request_timeout_ms=plan["request_timeout_ms"], name=member))
-    failures: list[str] = []
-    all_left = trio.Event()
-
-    async def run_all() -> None:
-        # Spread the starts over one interval: workers that start together would heartbeat
-        # in lockstep for ever, and every burst would queue behind itself.
-        spread_s = plan["interval_ms"] / 1000 / max(1, len(workers))
-        async with trio.open_nursery() as running:
-            for worker in workers:
-                running.start_soon(_run_worker, worker, failures)
-                await trio.sleep(spread_s)
-        all_left.set()
-
+    load = (_RawLoad if plan.get("client") == "raw" else _WorkerLoad)(plan, recorder)
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(run_all)
-        send({"event": "started", "workers": len(workers)})
+        nursery.start_soon(load.run_all)
+        send({"event": "started", "workers": len(plan["workers"])})
         while True:
             line = await trio.to_thread.run_sync(sys.stdin.readline)
             if not line:
@@ -265,14 +275,112 @@ async def _load_process(plan: dict[str, Any], out: Any) -> None:
             send(await _measure_window(recorder, command["start"], command["duration"],
                                        bool(command.get("samples")),
                                        plan.get("load_gc", "on") == "paused"))
-        for worker in workers:
+        await load.leave()
+        nursery.cancel_scope.cancel()
+    send({"event": "stopped", "failures": load.failures})
+
+
+class _WorkerLoad:
+    """`--load-client worker`: the worker library's `Worker`s, as Connect workers would
+    behave (units started and stopped, sessions watched)."""
+
+    def __init__(self, plan: dict[str, Any], recorder: Recorder) -> None:
+        from coordinator.workers.registry import UnitRegistry
+        from coordinator.workers.state import WorkerConfig
+        from coordinator.workers.worker import Worker
+
+        registry = UnitRegistry()
+        host, port = plan["host"], plan["port"]
+        self.plan = plan
+        self.failures: list[str] = []
+        self.workers = []
+        self._all_left = trio.Event()
+        for group, member in plan["workers"]:
+            async def connect(member: str = member) -> KafkaClient:
+                return TimedClient(await trio.open_tcp_stream(host, port), member, recorder)
+
+            config = WorkerConfig(group_id=group, worker_url=f"http://{member}:8083",
+                                  member_id=member,
+                                  heartbeat_interval_override_ms=plan["interval_ms"])
+            self.workers.append(Worker(config, registry, connect=connect,
+                                       request_timeout_ms=plan["request_timeout_ms"],
+                                       name=member))
+
+    async def run_all(self) -> None:
+        # Spread the starts over one interval: workers that start together would heartbeat
+        # in lockstep for ever, and every burst would queue behind itself.
+        spread_s = self.plan["interval_ms"] / 1000 / max(1, len(self.workers))
+        async with trio.open_nursery() as running:
+            for worker in self.workers:
+                running.start_soon(_run_worker, worker, self.failures)
+                await trio.sleep(spread_s)
+        self._all_left.set()
+
+    async def leave(self) -> None:
+        for worker in self.workers:
             worker.shutdown()
         with trio.move_on_after(10) as scope:  # each leaves the group, then run() returns
-            await all_left.wait()
+            await self._all_left.wait()
         if scope.cancelled_caught:
-            failures.append("some workers did not leave within 10 s")
-        nursery.cancel_scope.cancel()
-    send({"event": "stopped", "failures": failures})
+            self.failures.append("some workers did not leave within 10 s")
+
+
+class _RawLoad:
+    """`--load-client raw`: members that only heartbeat (`heartbeat_member`) on a
+    `TimedClient` each, so the latency is the coordinator's and the connection's, without
+    the worker library's own work in the load process."""
+
+    def __init__(self, plan: dict[str, Any], recorder: Recorder) -> None:
+        self.plan = plan
+        self.recorder = recorder
+        self.failures: list[str] = []
+        self.epochs: dict[tuple[str, str], int] = {}
+        self.clients: dict[tuple[str, str], KafkaClient] = {}
+        self._running: trio.CancelScope | None = None
+
+    async def run_all(self) -> None:
+        members = self.plan["workers"]
+        spread_s = self.plan["interval_ms"] / 1000 / max(1, len(members))
+        with trio.CancelScope() as self._running:
+            async with trio.open_nursery() as running:
+                for group, member in members:
+                    running.start_soon(self._member, group, member)
+                    await trio.sleep(spread_s)
+
+    def _pause(self) -> float:
+        # INTERVAL_MS +- 10%: with the same pause after every answer, members answered
+        # together (after any stall) would send together ever after, and the bursts would
+        # grow into the latency being measured.
+        return float(self.plan["interval_ms"] / 1000 * random.uniform(0.9, 1.1))
+
+    async def _member(self, group: str, member: str) -> None:
+        timeout_s = self.plan["request_timeout_ms"] / 1000
+        while True:
+            try:
+                with trio.fail_after(timeout_s):
+                    stream = await trio.open_tcp_stream(self.plan["host"], self.plan["port"])
+                client = self.clients[group, member] = TimedClient(stream, member,
+                                                                   self.recorder)
+                await heartbeat_member(
+                    client, group, member, pause_s=self._pause,
+                    on_answer=lambda epoch: self.epochs.__setitem__((group, member), epoch))
+            except (OSError, trio.BrokenResourceError, trio.ClosedResourceError,
+                    trio.TooSlowError) as error:
+                self.failures.append(f"{member}: {type(error).__name__}: {error}")
+                self.clients.pop((group, member), None)
+                await trio.sleep(0.5)  # then a new connection, and a rejoin if need be
+
+    async def leave(self) -> None:
+        if self._running is not None:
+            self._running.cancel()
+        with trio.move_on_after(10):
+            async with trio.open_nursery() as leaving:
+                for (group, member), client in self.clients.items():
+                    epoch = self.epochs.get((group, member), 0)
+                    leaving.start_soon(client.request, HEARTBEAT, ConnectGroupHeartbeatRequest(
+                        group_id=group, member_id=member, member_epoch=-1 if epoch else 0))
+        for client in self.clients.values():
+            await client.aclose()
 
 
 def load_process_main() -> int:
@@ -634,34 +742,15 @@ class BigGroup:
     async def _member(self, client: KafkaClient, member: str, *,
                       task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Join naming `balanced`, then heartbeat at the group's pace; ack at once."""
-        epoch, owned, send_owned, reported = 0, None, None, False
-        while True:
-            if epoch == 0:
-                request = ConnectGroupHeartbeatRequest(
-                    group_id=self.group, member_id=member, member_epoch=0,
-                    worker_url=f"http://{member}:8083", rebalance_timeout_ms=600_000,
-                    server_assignor="balanced")
-            else:
-                request = ConnectGroupHeartbeatRequest(
-                    group_id=self.group, member_id=member, member_epoch=epoch,
-                    owned_connectors_and_tasks=send_owned)
-            response = await client.request(HEARTBEAT, request)
-            if response.error_code in REJOIN:
-                epoch, owned, send_owned = 0, None, None
-                continue
-            if response.error_code != 0:
-                await trio.sleep(0.5)  # loading, not available...: retry
-                continue
-            epoch = response.member_epoch
+        def answered(epoch: int) -> None:
             self._epochs[member] = epoch
-            if not reported:
+            if member not in reported:
+                reported.add(member)
                 task_status.started()
-                reported = True
-            if response.assignment is not None and response.assignment.assigned != owned:
-                owned = send_owned = response.assignment.assigned
-                continue  # acknowledge at once (a revocation must be)
-            send_owned = None
-            await trio.sleep(response.heartbeat_interval_ms / 1000)
+
+        reported: set[str] = set()
+        await heartbeat_member(client, self.group, member, pause_s=None, on_answer=answered,
+                               server_assignor="balanced", rebalance_timeout_ms=600_000)
 
     async def wait_idle(self, timeout_s: float) -> None:
         """Until the target is computed for the current group epoch and no run is running."""
@@ -970,7 +1059,7 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
                 processes.append(await LoadProcess.start({
                     "host": target.host, "port": target.port, "interval_ms": args.interval_ms,
                     "request_timeout_ms": args.request_timeout_ms, "workers": share,
-                    "load_gc": args.load_gc}))
+                    "load_gc": args.load_gc, "client": args.load_client}))
             for process in processes:
                 await process.receive("started")
             settle = await _wait_stable(target, groups, args.workers_per_group,
@@ -1034,6 +1123,7 @@ def _config(args: argparse.Namespace) -> dict[str, Any]:
         "tasks_per_connector": args.tasks,
         "interval_ms": args.interval_ms,
         "load_gc": args.load_gc,
+        "load_client": args.load_client,
         "duration_s": args.duration,
         "rounds": args.rounds,
     }
@@ -1073,6 +1163,12 @@ def build_parser() -> argparse.ArgumentParser:
                       help="load processes (default %(default)s)")
     load.add_argument("--groups", type=int, default=4, help="default %(default)s")
     load.add_argument("--workers-per-group", type=int, default=50, help="default %(default)s")
+    load.add_argument("--load-client", choices=["worker", "raw"], default="worker",
+                      help="worker: the worker library's Workers, as Connect workers behave; "
+                           "raw: members that only heartbeat (join, acknowledge, then a "
+                           "stable heartbeat every INTERVAL_MS), so the latency leaves out "
+                           "the worker library's own work in the load process "
+                           "(default %(default)s)")
     load.add_argument("--connectors", type=int, default=2,
                       help="connectors per group (default %(default)s)")
     load.add_argument("--tasks", type=int, default=25,

@@ -560,11 +560,20 @@ class Runtime:
                         self._limiter.borrowed_tokens / self._limiter.total_tokens)
                     running = time.perf_counter()
                     try:
-                        packed = self._packer_for(run.group_id).pack(assignor, run.spec)
+                        packing = self._packer_for(run.group_id).pack_in_steps(assignor,
+                                                                               run.spec)
+                        while True:
+                            try:
+                                next(packing)
+                            except StopIteration as done:
+                                packed = done.value
+                                break
+                            await trio.lowlevel.checkpoint()  # answer heartbeats meanwhile
                         compact_result = await self._worker_context.run_sync(
                             run_packed, packed,
                             kill_on_cancel=True, limiter=trio.CapacityLimiter(1),
                         )
+                        await trio.lowlevel.checkpoint()  # the result arrived: answer first
                         outcome = expand(run.spec, compact_result)
                         verified = compact_result.verified
                     finally:

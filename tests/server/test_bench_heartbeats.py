@@ -58,6 +58,21 @@ def test_json_report_of_a_tiny_run(capsys: pytest.CaptureFixture[str]) -> None:
     assert "assignor_load" not in report
 
 
+def test_raw_load_client_measures_members_that_only_heartbeat(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    code, report = run_cli([*TINY, "--load-client", "raw", "--assignor-load",
+                            "--assignor-workers", "10", "--assignor-connectors", "5",
+                            "--assignor-tasks", "50", "--assignor-windows", "in-flight",
+                            "--in-flight-put-interval-ms", "20"], capsys)
+    assert code == 0
+    check_figures(report)  # every member joined, acknowledged and then only heartbeat
+    assert report["load_client"] == "raw" and report["workers"] == 6
+    # 6 members every 10 ms (+-10%) for a second: about 600 timed heartbeats.
+    assert 300 <= report["heartbeats"] <= 700
+    assert report["stable_at_end"] is True and report["worker_failures"] == []
+    check_in_flight(report)
+
+
 def test_assignor_load_is_reported_side_by_side(capsys: pytest.CaptureFixture[str]) -> None:
     code, report = run_cli([*TINY, "--assignor-load", "--assignor-workers", "10",
                             "--assignor-connectors", "5", "--assignor-tasks", "50",
