@@ -12,7 +12,9 @@ uses for ``__consumer_offsets``:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
+import struct
 from typing import NamedTuple, TypeAlias, TypeVar
 
 from kio.serial import entity_reader
@@ -113,11 +115,48 @@ def encode_value(value: RecordValue | None) -> bytes | None:
     """Encode a value; ``None`` (a tombstone) stays ``None``."""
     if value is None:
         return None
+    if type(value) is ConnectGroupConnectorsValue:
+        return _encode_connectors_value(value)
     type_id = record_type_id(value)
     value_type = RECORD_TYPES[type_id][1]
     if type(value) is not value_type:
         raise TypeError(f"{type(value).__name__} is a key, not a value")
     return INT16.pack(VALUE_VERSION) + entity_bytes(value_type, value)
+
+
+# The connectors record lists every connector of the group and is written again whenever
+# one is added, removed or resized: kio's generic writer takes about 2 ms on the event loop
+# for 1,000 connectors (while the group's assignor run is in flight). Written directly, with
+# each connector's bytes remembered, it takes a small fraction of that. The layout is the
+# schema's (flexible version 0), and a property test holds it to kio's bytes.
+_CONNECTORS_VALUE_PREFIX = INT16.pack(VALUE_VERSION)
+_INT32 = struct.Struct(">i")
+_NO_TAGGED_FIELDS = b"\x00"
+
+
+def _encode_connectors_value(value: ConnectGroupConnectorsValue) -> bytes:
+    connector_bytes = _connector_bytes
+    return b"".join([
+        _CONNECTORS_VALUE_PREFIX,
+        _uvarint(len(value.connectors) + 1),  # compact array: length + 1
+        *[connector_bytes(connector.name, connector.tasks) for connector in value.connectors],
+        _NO_TAGGED_FIELDS,
+    ])
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _connector_bytes(name: str, tasks: int) -> bytes:
+    encoded = name.encode()
+    return b"".join([_uvarint(len(encoded) + 1), encoded, _INT32.pack(tasks), _NO_TAGGED_FIELDS])
+
+
+def _uvarint(number: int) -> bytes:
+    out = bytearray()
+    while number >= 0x80:
+        out.append(number & 0x7F | 0x80)
+        number >>= 7
+    out.append(number)
+    return bytes(out)
 
 
 def _read_int16(data: bytes, what: str) -> int:

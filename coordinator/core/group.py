@@ -8,6 +8,7 @@ transient: it is rebuilt after a restart by the normal flow.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -40,6 +41,7 @@ from protocol.messages import (
     ConnectorsAndTasks,
     ConnectorTaskId,
 )
+from protocol.messages.connect_group_connectors_value import Connector
 
 
 class InvariantViolation(RuntimeError):
@@ -548,19 +550,24 @@ def target_metadata_record(
 
 
 def connectors_record(group_id: str, connectors: dict[str, int] | None) -> Record:
-    from protocol.messages.connect_group_connectors_value import Connector
-
     key = ConnectGroupConnectorsKey(group_id=group_id)
     if connectors is None:
         return Record(key, None)
     return Record(
         key,
         ConnectGroupConnectorsValue(
-            connectors=tuple(
-                Connector(name=name, tasks=tasks) for name, tasks in sorted(connectors.items())
-            )
+            connectors=tuple(_connector_entry(name, tasks)
+                             for name, tasks in sorted(connectors.items()))
         ),
     )
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _connector_entry(name: str, tasks: int) -> Connector:
+    # The record lists every connector of the group and is built twice per resize (the
+    # change and its undo): the entries of unchanged connectors are the same immutable
+    # objects as last time, not a thousand new ones.
+    return Connector(name=name, tasks=tasks)
 
 
 def configuration_record(group_id: str, config: GroupConfig | None) -> Record:

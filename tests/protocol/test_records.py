@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
+from protocol._codec import INT16, entity_bytes
 from protocol.messages import (
     ConnectGroupConnectorsKey,
     ConnectGroupConnectorsValue,
@@ -14,6 +17,7 @@ from protocol.messages import (
 from protocol.messages.connect_group_connectors_value import Connector
 from protocol.records import (
     RECORD_TYPES,
+    VALUE_VERSION,
     RecordDecodeError,
     decode_key,
     decode_record,
@@ -102,3 +106,17 @@ def test_format_record_is_one_readable_line() -> None:
 def test_format_record_raises_on_bad_bytes() -> None:
     with pytest.raises(RecordDecodeError):
         format_record(b"\x00\x63", None)
+
+
+@given(st.lists(st.tuples(st.text(max_size=300), st.integers(-(2**31), 2**31 - 1)),
+                max_size=200))
+def test_connectors_value_is_written_as_kio_writes_it(
+        connectors: list[tuple[str, int]]) -> None:
+    # The connectors record has its own writer (it is rewritten whole on every resize); its
+    # bytes must be kio's, and read back to the same value.
+    value = ConnectGroupConnectorsValue(
+        connectors=tuple(Connector(name=name, tasks=tasks) for name, tasks in connectors))
+    written = encode_value(value)
+    assert written == INT16.pack(VALUE_VERSION) + entity_bytes(ConnectGroupConnectorsValue,
+                                                               value)
+    assert decode_value(ConnectGroupConnectorsValue, written) == value
