@@ -719,12 +719,12 @@ class GroupCoordinator:
 
     def _group_mode(self, group: Group) -> tuple[str, str]:
         cached = group.mode_cache
-        if cached is not None and cached[0] == group.epoch:
+        if cached is not None and cached[0] == group.metadata_changes:
             return cached[1], cached[2]
         mode, name = self._select_mode(
             {m.member_id: m.metadata for m in group.members.values() if m.metadata is not None}
         )
-        group.mode_cache = (group.epoch, mode, name)
+        group.mode_cache = (group.metadata_changes, mode, name)
         return mode, name
 
     def _interval_left(self, group: Group, now_ms: int) -> int:
@@ -779,20 +779,29 @@ class GroupCoordinator:
         override = group.config.assignor_offload_enable
         return self.config.assignor_offload_enable if override is None else override
 
+    @staticmethod
+    def _member_specs(group: Group) -> dict[str, MemberSpec]:
+        known, target = group.member_specs, group.target
+        specs: dict[str, MemberSpec] = {}
+        for member_id, member in group.members.items():
+            metadata = member.metadata
+            instance_id = metadata.instance_id if metadata else None
+            worker_url = metadata.worker_url if metadata else ""
+            units = target.get(member_id, EMPTY_TARGET).units
+            spec = known.get(member_id)
+            if (spec is None or spec.current_target is not units
+                    or spec.worker_url != worker_url or spec.instance_id != instance_id):
+                spec = MemberSpec(member_id, instance_id, worker_url, units)
+            specs[member_id] = spec
+        group.member_specs = specs
+        return specs
+
     def _run_server_assignor(self, group: Group, name: str, change: _Change, now_ms: int) -> None:
         if group.assignor_run is not None:
             return  # at most one run per group in flight; its result triggers the next
         spec = AssignmentSpec(
             group_id=group.group_id,
-            members={
-                m.member_id: MemberSpec(
-                    member_id=m.member_id,
-                    instance_id=m.metadata.instance_id if m.metadata else None,
-                    worker_url=m.metadata.worker_url if m.metadata else "",
-                    current_target=group.target.get(m.member_id, EMPTY_TARGET).units,
-                )
-                for m in group.members.values()
-            },
+            members=self._member_specs(group),
             connectors=dict(group.connectors),
             previous_target={
                 **group.departed_parts,

@@ -11,8 +11,13 @@ cyclic garbage comes to about 100 objects a second. So `serve`:
 * loads the log with young collections every 50,000 allocations instead of 700;
 * then collects once and moves what survived (the loaded state, the server's own objects)
   out of the collector's sight (`gc.freeze`);
-* then turns automatic collection off and collects on a timer, once a minute: one pause of
-  a few tens of milliseconds, predictable, instead of many at random moments.
+* then turns automatic collection off and collects on a timer, once a minute, and freezes
+  what survived: each collection walks only what was allocated in the last minute and is
+  still alive, instead of the whole heap (30-50 ms, which, falling inside an assignor
+  run, was most of that run's heartbeat p99);
+* cyclic garbage among frozen objects (alive for a minute, then dropped in a cycle) waits
+  for the full pass: every 30th timed collection unfreezes everything first, one pause of
+  a few tens of milliseconds every half hour.
 
 The figures are in BENCHMARKS.md ("Heartbeat p99 while a 1,000 x 50,000 run is in flight").
 """
@@ -28,7 +33,8 @@ import trio
 log = structlog.get_logger("coordinator.memory")
 
 LOAD_YOUNG_THRESHOLD = 50_000
-FULL_COLLECTION_EVERY_S = 60.0
+COLLECTION_EVERY_S = 60.0
+FULL_COLLECTION_EVERY = 30  # timed collections: a full pass every half hour
 
 
 def tune_collector() -> None:
@@ -45,16 +51,27 @@ def freeze_loaded_state() -> None:
     gc.disable()
     log.info("gc_frozen", objects=gc.get_freeze_count(),
              ms=round((time.perf_counter() - started) * 1000, 1),
-             full_collection_every_s=FULL_COLLECTION_EVERY_S)
+             collection_every_s=COLLECTION_EVERY_S,
+             full_collection_every_s=COLLECTION_EVERY_S * FULL_COLLECTION_EVERY)
 
 
-async def collect_periodically(every_s: float = FULL_COLLECTION_EVERY_S) -> None:
+async def collect_periodically(every_s: float = COLLECTION_EVERY_S,
+                               full_every: int = FULL_COLLECTION_EVERY) -> None:
+    """Collect every `every_s` seconds what is newer than the last collection, then freeze
+    the survivors; every `full_every`-th time, unfreeze everything first (a full pass)."""
+    collections = 0
     try:
         while True:
             await trio.sleep(every_s)
+            collections += 1
+            full = collections % full_every == 0
             started = time.perf_counter()
+            if full:
+                gc.unfreeze()
             found = gc.collect()
-            log.debug("gc_collected", unreachable=found,
-                      ms=round((time.perf_counter() - started) * 1000, 1))
+            gc.freeze()
+            elapsed_ms = (time.perf_counter() - started) * 1000
+            log.debug("gc_collected", full=full, unreachable=found, ms=round(elapsed_ms, 1))
     finally:
+        gc.unfreeze()
         gc.enable()  # the server is stopping: back to the interpreter's own schedule

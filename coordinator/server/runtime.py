@@ -596,6 +596,7 @@ class Runtime:
                  run=run.run_id, outcome=label,
                  duration_ms=round((time.perf_counter() - started) * 1000, 2))
         try:
+            await trio.lowlevel.checkpoint()  # between the expansion and applying it
             await self.complete(self.core.complete_assignor_run(
                 run, outcome, self.clock.now_ms(), verified))
         except Exception:

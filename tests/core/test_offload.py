@@ -152,3 +152,31 @@ def test_the_pool_transport_lands_runs_exactly_like_a_direct_result(meanwhile: s
     _missed_changes(packed, finish_through_the_pool_transport, meanwhile)
     assert packed.describe(G) == direct.describe(G)
     assert packed.log == direct.log
+
+
+def test_member_specs_follow_the_members_and_are_reused_while_unchanged() -> None:
+    ctx = offload_context()
+    for member in ("w1", "w2"):
+        ctx.join(G, member, server_assignor=RR, worker_url=f"http://{member}:8083")
+    while ctx.jobs:
+        ctx.finish_job(ctx.jobs.pop())
+    ctx.put_connector(G, "A", 4)
+    first = ctx.jobs.pop()
+    ctx.finish_job(first)
+    ctx.heartbeat(G, "w2", ctx.member_view(G, "w2").member_epoch,
+                  worker_url="http://moved:8083")  # new metadata: a new entry for w2
+    while ctx.jobs:
+        ctx.finish_job(ctx.jobs.pop())
+    ctx.put_connector(G, "A", 5)
+    second = ctx.jobs.pop()
+    group = ctx.core.store.groups[G]
+    for member_id, spec in second.spec.members.items():  # each as the group has it now
+        metadata = group.members[member_id].metadata
+        assert (spec.member_id, spec.instance_id, spec.worker_url, spec.current_target) == (
+            member_id, metadata.instance_id, metadata.worker_url,
+            group.target[member_id].units)
+    assert second.spec.members["w2"].worker_url == "http://moved:8083"
+    assert second.spec.members["w2"] is not first.spec.members["w2"]
+    # Asked again with nothing changed, every entry is the very same object.
+    again = ctx.core._member_specs(group)
+    assert all(again[m] is second.spec.members[m] for m in ("w1", "w2"))

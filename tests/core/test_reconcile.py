@@ -86,3 +86,23 @@ def test_target_metadata_travels_with_the_epoch() -> None:
     result = reconcile("me", CurrentAssignment(4, 3, S), 5, TargetPart(u("A"), 2, b"m"), 7,
                        None, {}.get)
     assert (result.epoch, result.version, result.metadata, result.error) == (5, 2, b"m", 7)
+
+
+def test_a_new_epoch_with_the_same_units_keeps_the_members_set_object() -> None:
+    # Replaying a member's next current-assignment record with unchanged units keeps the
+    # set it had (so the rebuilt tuples are freed at once); changed units replace it.
+    from coordinator.core.group import GroupStore, current_assignment_record
+    from coordinator.core.reconcile import CurrentAssignment
+
+    store = GroupStore()
+    units = frozenset({("A", 0), ("A", 1)})
+    store.replay(current_assignment_record("g", "w1", CurrentAssignment(epoch=1, assigned=units)))
+    held = store.groups["g"].members["w1"].current.assigned
+    store.replay(current_assignment_record("g", "w1", CurrentAssignment(epoch=2, assigned=units)))
+    current = store.groups["g"].members["w1"].current
+    assert current.epoch == 2 and current.assigned is held
+    store.replay(current_assignment_record("g", "w1", CurrentAssignment(
+        epoch=3, assigned=frozenset({("A", 0)}))))
+    current = store.groups["g"].members["w1"].current
+    assert current.assigned == frozenset({("A", 0)}) and store.groups["g"].owners == {
+        ("A", 0): "w1"}

@@ -6,6 +6,7 @@ import gc
 import weakref
 
 import trio
+import trio.testing
 
 from coordinator.server.memory import collect_periodically
 
@@ -44,3 +45,29 @@ async def test_assignor_worker_processes_run_at_a_lower_priority() -> None:
     async with trio_parallel.open_worker_context(init=lower_priority) as context:
         niceness = await context.run_sync(os.nice, 0)
     assert niceness == min(19, os.nice(0) + ASSIGNOR_NICENESS)
+
+
+async def test_cycles_that_outlived_a_collection_wait_for_the_full_pass(
+        autojump_clock: trio.testing.MockClock) -> None:
+    # A timed collection freezes what survives it; a cycle dropped later is among frozen
+    # objects, which only the full pass (every `full_every`-th collection) looks at again.
+    # The clock is virtual: collections at 0.05, 0.10, 0.15 and (full) 0.20 s.
+    gc.disable()
+    try:
+        first, second = Node(), Node()
+        first.other, second.other = second, first
+        alive = weakref.ref(first)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(collect_periodically, 0.05, 4)
+            await trio.sleep(0.075)  # one collection has run: the cycle survived, frozen
+            assert gc.get_freeze_count() > 0
+            del first, second
+            await trio.sleep(0.1)  # the second and third: young collections only
+            assert alive() is not None
+            await trio.sleep(0.05)  # the fourth, a full pass
+            assert alive() is None
+            nursery.cancel_scope.cancel()
+        assert gc.isenabled() and gc.get_freeze_count() == 0
+    finally:
+        gc.unfreeze()
+        gc.enable()
