@@ -14,6 +14,13 @@ Who runs where (separate OS processes, so the load's CPU is not the coordinator'
   group and every member is STABLE, then opens measurement windows of DURATION seconds in
   every load process at the same wall-clock moment.
 
+`--load-client raw` runs members that only heartbeat instead (`heartbeat_member`: join,
+acknowledge each new assignment at once, then a stable heartbeat every INTERVAL_MS +-10%),
+on one connection each: the latency is then the coordinator's and the connection's. The
+worker library's own work in a load process (units, session watch, 100 workers' tasks)
+added tail latency of its own (about 10 ms at p99 even at 300 heartbeats a second, where
+raw members see 1.2-1.5 ms), which matters when the question is what the coordinator adds.
+
 Only stable heartbeats are measured: sent with the member's epoch, answered without an
 error and without an assignment. Whatever else a window sees is counted: `errors` by error
 code (REQUEST_TIMEOUT and TRANSPORT for answers that never came) and `unstable` (answers
