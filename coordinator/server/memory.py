@@ -13,8 +13,8 @@ cyclic garbage comes to about 100 objects a second. So `serve`:
   out of the collector's sight (`gc.freeze`);
 * then turns automatic collection off and collects on a timer, once a minute, and freezes
   what survived: each collection walks only what was allocated in the last minute and is
-  still alive, instead of the whole heap (30-50 ms, which, falling inside an assignor
-  run, was most of that run's heartbeat p99);
+  still alive (3-7 ms under `bench heartbeats --assignor-load`), instead of the whole
+  heap (30-50 ms: falling inside an assignor run, a dozen heartbeats waited for it);
 * cyclic garbage among frozen objects (alive for a minute, then dropped in a cycle) waits
   for the full pass: every 30th timed collection unfreezes everything first, one pause of
   a few tens of milliseconds every half hour.
