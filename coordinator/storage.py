@@ -188,7 +188,7 @@ class LogReplayer:
                 if self.records >= next_checkpoint:
                     next_checkpoint += REPLAY_YIELD_EVERY
                     await trio.lowlevel.checkpoint()  # keep answering LOAD_IN_PROGRESS
-            replay = core.store.apply  # `core.replay_decoded`, one call less per record
+            replay = core.store.apply  # the core's `replay`, without building a Record
             survivors = iter(newest.items())
             while chunk := list(islice(survivors, REPLAY_YIELD_EVERY)):
                 for key_bytes, value_bytes in chunk:

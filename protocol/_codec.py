@@ -26,6 +26,16 @@ INT16 = struct.Struct(">h")
 INT32 = struct.Struct(">i")
 
 
+def uvarint(value: int) -> bytes:
+    """An unsigned varint (compact lengths), for the hand-packed encoders."""
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
 class EntityDecodeError(Exception):
     """kio could not parse an entity; the message says which one and why."""
 

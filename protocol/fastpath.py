@@ -9,21 +9,13 @@ from __future__ import annotations
 
 import struct
 
+from protocol._codec import uvarint
 from protocol.messages import ConnectGroupHeartbeatResponse
 
 # size, correlation id, header tagged fields (0); throttle, error code
 _HEAD = struct.Struct(">iiBih")
 # member epoch, heartbeat interval, null Assignment marker (-1), body tagged fields (0)
 _TAIL = struct.Struct(">iibB")
-
-
-def _uvarint(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
 
 
 def encode_plain_heartbeat_response(correlation_id: int,
@@ -36,7 +28,7 @@ def encode_plain_heartbeat_response(correlation_id: int,
         text = b"\x00"  # compact nullable string: 0 means null
     else:
         encoded = message.encode()
-        text = _uvarint(len(encoded) + 1) + encoded
+        text = uvarint(len(encoded) + 1) + encoded
     size = 4 + 1 + 4 + 2 + len(text) + _TAIL.size
     return (
         _HEAD.pack(size, correlation_id, 0, response.throttle_time_ms, response.error_code)

@@ -14,12 +14,11 @@ from __future__ import annotations
 import dataclasses
 import functools
 import re
-import struct
 from typing import NamedTuple, TypeAlias, TypeVar
 
 from kio.serial import entity_reader
 
-from protocol._codec import INT16, EntityDecodeError, entity_bytes, read_entity
+from protocol._codec import INT16, INT32, EntityDecodeError, entity_bytes, read_entity, uvarint
 from protocol.messages import (
     ConnectGroupConfigurationKey,
     ConnectGroupConfigurationValue,
@@ -129,16 +128,15 @@ def encode_value(value: RecordValue | None) -> bytes | None:
 # for 1,000 connectors (while the group's assignor run is in flight). Written directly, with
 # each connector's bytes remembered, it takes a small fraction of that. The layout is the
 # schema's (flexible version 0), and a property test holds it to kio's bytes.
-_CONNECTORS_VALUE_PREFIX = INT16.pack(VALUE_VERSION)
-_INT32 = struct.Struct(">i")
+_VALUE_VERSION_BYTES = INT16.pack(VALUE_VERSION)
 _NO_TAGGED_FIELDS = b"\x00"
 
 
 def _encode_connectors_value(value: ConnectGroupConnectorsValue) -> bytes:
     connector_bytes = _connector_bytes
     return b"".join([
-        _CONNECTORS_VALUE_PREFIX,
-        _uvarint(len(value.connectors) + 1),  # compact array: length + 1
+        _VALUE_VERSION_BYTES,
+        uvarint(len(value.connectors) + 1),  # compact array: length + 1
         *[connector_bytes(connector.name, connector.tasks) for connector in value.connectors],
         _NO_TAGGED_FIELDS,
     ])
@@ -147,16 +145,7 @@ def _encode_connectors_value(value: ConnectGroupConnectorsValue) -> bytes:
 @functools.lru_cache(maxsize=1 << 16)
 def _connector_bytes(name: str, tasks: int) -> bytes:
     encoded = name.encode()
-    return b"".join([_uvarint(len(encoded) + 1), encoded, _INT32.pack(tasks), _NO_TAGGED_FIELDS])
-
-
-def _uvarint(number: int) -> bytes:
-    out = bytearray()
-    while number >= 0x80:
-        out.append(number & 0x7F | 0x80)
-        number >>= 7
-    out.append(number)
-    return bytes(out)
+    return b"".join([uvarint(len(encoded) + 1), encoded, INT32.pack(tasks), _NO_TAGGED_FIELDS])
 
 
 def _read_int16(data: bytes, what: str) -> int:
@@ -211,7 +200,6 @@ _READERS = {
     INT16.pack(type_id): (entity_reader(key_type), entity_reader(value_type))
     for type_id, (key_type, value_type) in RECORD_TYPES.items()
 }
-_VALUE_VERSION_BYTES = INT16.pack(VALUE_VERSION)
 _new_decoded = tuple.__new__  # skips the NamedTuple constructor's Python frame
 
 

@@ -159,10 +159,6 @@ class GroupCoordinator:
     def replay(self, record: Record) -> None:
         self.store.replay(record)
 
-    def replay_decoded(self, key: Any, value: Any) -> None:
-        """`replay(Record(key, value))` without building the Record (start-up load)."""
-        self.store.apply(key, value)
-
     def rollback(self, result: Result[Any]) -> None:
         """Undo a change whose records could not be made durable.
 

@@ -75,7 +75,14 @@ class SegmentScan:
 
     def headers(self) -> Iterator[BatchHeader]:
         """The valid batches' headers, offsets checked, records not decoded."""
-        return self._walk(None)
+        position = self.valid_end
+        while position < self.size:
+            step = self._next_batch(position, None)
+            if step is None:
+                return
+            header, _ = step
+            yield header
+            position = header.end
 
     def collect_newest(self, newest: dict[bytes, bytes | None],
                        chunk_batches: int = COLLECT_CHUNK_BATCHES) -> Iterator[int]:
@@ -148,17 +155,6 @@ class SegmentScan:
             return decode_records(self.data, header)
         except BatchFormatError as error:
             raise self._malformed(header, error) from None
-
-    def _walk(self, read_records: Callable[[bytes, BatchHeader, memoryview], Any] | None
-              ) -> Iterator[Any]:
-        position = self.valid_end
-        while position < self.size:
-            step = self._next_batch(position, read_records)
-            if step is None:
-                return
-            header, records = step
-            yield header if read_records is None else records
-            position = header.end
 
     def _next_batch(self, position: int,
                     read_records: Callable[[bytes, BatchHeader, memoryview], Any] | None
