@@ -80,7 +80,8 @@ async def run_server(
         loader: LogReplayer | None = None
         if sink is None and data_dir is not None:
             log_sink = LogSink(None, lambda: runtime.now_ms(), metrics)
-            loader = LogReplayer(data_dir, config, log_sink, file_layer)
+            loader = LogReplayer(data_dir, config, log_sink, file_layer,
+                                    freeze_loaded=tune_gc)
             sink = log_sink
         runtime = Runtime(core, config, sink, clock, loader=loader, metrics=metrics)
         if log_sink is not None:

@@ -8,9 +8,10 @@ runs. Yet the coordinator's state is not cyclic (frozensets of tuples, plain dat
 is freed by reference counting; measured under `bench heartbeats --assignor-load`, the
 cyclic garbage comes to about 100 objects a second. So `serve`:
 
-* loads the log with young collections every 50,000 allocations instead of 700;
-* then collects once and moves what survived (the loaded state, the server's own objects)
-  out of the collector's sight (`gc.freeze`);
+* loads the log with young collections every 50,000 allocations instead of 700 (the
+  replay itself runs with the collector off, and freezes what it allocated: `LogReplayer`);
+* then collects once what the load did not freeze and moves what survived (the server's
+  own objects) out of the collector's sight (`gc.freeze`);
 * then turns automatic collection off and collects on a timer, once a minute, and freezes
   what survived: each collection walks only what was allocated in the last minute and is
   still alive (3-7 ms under `bench heartbeats --assignor-load`), instead of the whole

@@ -4,11 +4,18 @@ from __future__ import annotations
 
 import gc
 import weakref
+from pathlib import Path
 
+import pytest
 import trio
 import trio.testing
 
+from coordinator.assignors import load_assignors
+from coordinator.config import ServerConfig
+from coordinator.core.coordinator import GroupCoordinator
+from coordinator.replay_bench import build_log
 from coordinator.server.memory import collect_periodically
+from coordinator.storage import LogReplayer
 
 
 class Node:
@@ -71,3 +78,28 @@ async def test_cycles_that_outlived_a_collection_wait_for_the_full_pass(
     finally:
         gc.unfreeze()
         gc.enable()
+
+
+@pytest.mark.parametrize("freeze_loaded", [True, False])
+def test_serve_freezes_what_the_log_load_allocated(tmp_path: Path, freeze_loaded: bool) -> None:
+    # Loaded with the collector off, the state would sit in the youngest generation and
+    # the first collection after the load would walk all of it. `serve` freezes it
+    # instead; a test process (freeze_loaded=False) keeps it in the collector's sight.
+    data_dir = tmp_path / "log"
+    build_log(data_dir, 2_000)
+    config = ServerConfig()
+    core = GroupCoordinator(config, load_assignors(config.server_assignors))
+    loader = LogReplayer(data_dir, config, freeze_loaded=freeze_loaded)
+    assert gc.get_freeze_count() == 0
+    try:
+        trio.run(loader.load, core)
+        assert gc.isenabled()
+        member = next(iter(core.store.groups.values())).members["worker-0"]
+        in_sight = any(tracked is member for tracked in gc.get_objects())
+        assert in_sight is not freeze_loaded
+        if freeze_loaded:
+            assert gc.get_freeze_count() >= core.member_count()
+    finally:
+        gc.unfreeze()
+        assert loader.writer is not None
+        loader.writer.close()
