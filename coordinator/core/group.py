@@ -381,7 +381,8 @@ class GroupStore:
                 group.refresh_reconciled(member)
             return
         assert isinstance(value, ConnectGroupCurrentMemberAssignmentValue)
-        member = self._member(group, key.member_id)
+        member_id = key.member_id
+        member = group.members.get(member_id) or self._member(group, member_id)
         state = _MEMBER_STATES.get(value.state)
         previous = member.current
         assigned = units_from_record(value.assigned)
@@ -391,25 +392,32 @@ class GroupStore:
             # cyclic collector to walk them (50,000 for a group of 1,000 members after each
             # new target epoch).
             assigned = previous.assigned
+        pending = value.pending_revocation
+        pending_revocation = (
+            units_from_record(pending) if pending.connectors or pending.tasks else EMPTY)
         new = CurrentAssignment(  # positional, as MemberMetadata above
             value.member_epoch,
             value.previous_member_epoch,
             MemberState(value.state) if state is None else state,
             assigned,
-            units_from_record(value.pending_revocation),
+            pending_revocation,
             value.error,
             value.version,
             value.metadata,
         )
         old_held = previous.held
-        new_held = new.held
+        new_held = assigned | pending_revocation if pending_revocation else assigned
         if old_held:
-            self._release(group, key.member_id, old_held - new_held)
-            self._claim(group, key.member_id, new_held - old_held)
+            self._release(group, member_id, old_held - new_held)
+            self._claim(group, member_id, new_held - old_held)
         else:  # a member's first assignment (every member's, at start-up)
-            self._claim(group, key.member_id, new_held)
+            self._claim(group, member_id, new_held)
         member.current = new
-        group.refresh_reconciled(member)
+        # `Group.refresh_reconciled`, inlined: start-up replays one of these per member.
+        if new.epoch == group.assignment_epoch and new.state is _STABLE:
+            group.unreconciled.discard(member_id)
+        else:
+            group.unreconciled.add(member_id)
 
     def _replay_target_metadata(
         self, key: ConnectGroupTargetAssignmentMetadataKey, value: object
@@ -469,6 +477,7 @@ GroupStore._appliers = {
     ConnectGroupConfigurationKey: GroupStore._replay_configuration,
 }
 _MEMBER_STATES = {int(state): state for state in MemberState}
+_STABLE = MemberState.STABLE
 
 
 # --- record builders -------------------------------------------------------------------
