@@ -56,6 +56,7 @@ class CompactResult:
     extra: dict[str, object] = field(default_factory=dict)
     # Every unit is one the spec's connectors define, and none is given to two members.
     verified: bool = False
+    assigned: int = 0  # units given, all members together
 
 
 class SpecPacker:
@@ -162,7 +163,7 @@ def compact(spec: AssignmentSpec, result: AssignmentResult) -> CompactResult:
             changed[member_id] = units
     verified = listed == len(given) and given <= units_of(spec.connectors)
     return CompactResult(changed, tuple(unchanged), result.state, result.rerun_at_ms,
-                         dict(result.extra), verified)
+                         dict(result.extra), verified, listed)
 
 
 def run_packed(packed: PackedRun) -> CompactResult:

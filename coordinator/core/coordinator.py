@@ -22,6 +22,7 @@ from coordinator.assignors.api import (
     MemberSpec,
     ServerAssignor,
 )
+from coordinator.assignors.transport import CompactResult, expand
 from coordinator.config import ConfigError, GroupConfig, ServerConfig, parse_group_config
 from coordinator.core.group import (
     AssignorInfo,
@@ -808,7 +809,8 @@ class GroupCoordinator:
             scheduled_rebalance_max_delay_ms=self._scheduled_delay(group),
         )
         self._run_ids += 1
-        run = AssignorRun(self._run_ids, group.group_id, name, group.epoch, now_ms, spec)
+        run = AssignorRun(self._run_ids, group.group_id, name, group.epoch, now_ms, spec,
+                          group.metadata_changes, group.target_changes)
         if self._offload(group):
             # Seed 004: the run goes to the worker pool; heartbeats go on meanwhile.
             group.assignor_run = run
@@ -824,23 +826,73 @@ class GroupCoordinator:
     def complete_assignor_run(
         self,
         run: AssignorRun,
-        outcome: AssignmentResult | BaseException,
+        outcome: AssignmentResult | CompactResult | BaseException,
         now_ms: int,
         verified: bool = False,
     ) -> Result[None]:
         """An offloaded run landed (or failed, or timed out): apply it with what changed.
 
         `verified`: the worker checked that every unit is one of the spec's and is given at
-        most once, so those checks need not be repeated here.
+        most once, so those checks need not be repeated here (a `CompactResult`, as the
+        worker pool returns it, says so itself).
         """
         change = _Change(self.store)
         group = self.store.groups.get(run.group_id)
         if group is None or group.assignor_run is None or group.assignor_run.run_id != run.run_id:
             return change.result(None)  # the group was deleted (or reset) meanwhile
         group.assignor_run = None
-        self._apply_run(group, run, outcome, change, now_ms, verified)
+        if isinstance(outcome, CompactResult):
+            if not self._apply_changes(group, run, outcome, change, now_ms):
+                self._apply_run(group, run, expand(run.spec, outcome), change, now_ms,
+                                outcome.verified)
+        else:
+            self._apply_run(group, run, outcome, change, now_ms, verified)
         self._maybe_new_target(group, change, now_ms)
         return change.result(None)
+
+    def _apply_changes(self, group: Group, run: AssignorRun, changes: CompactResult,
+                       change: _Change, now_ms: int) -> bool:
+        """`_apply_run` for the usual landing, in time proportional to the members whose
+        target changes rather than to the group (it runs on the event loop while a big
+        group's members heartbeat): the worker checked the result, and the group has the
+        members, metadata, connectors and target its spec was taken from, so there are no
+        missed changes to apply and every unchanged member keeps its part as it is. False,
+        having changed nothing, when that does not hold."""
+        if not (changes.verified
+                and group.metadata_changes == run.metadata_changes
+                and group.target_changes == run.target_changes  # (implied by the others today)
+                and not group.versioned_parts  # a server-side part has neither
+                and run.spec.connectors == group.connectors):
+            return False
+        members, target = group.members, group.target
+        assigned = changes.assigned
+        parts: dict[str, TargetPart] = {}
+        for member_id, member_units in changes.changed.items():
+            if member_id in members:
+                parts[member_id] = TargetPart(member_units)
+            else:  # not a member (the assignor named someone else): dropped
+                assigned -= len(member_units)
+        kept = len(changes.unchanged)
+        for member_id in [m for m in changes.unchanged if m not in members]:
+            assigned -= len(run.spec.previous_target[member_id])
+            kept -= 1
+        if kept + len(parts) < len(members):  # members the result leaves out get nothing
+            listed = set(changes.changed).union(changes.unchanged)
+            for member_id in members:
+                if member_id not in listed:
+                    parts[member_id] = EMPTY_TARGET
+        group_id = group.group_id
+        # In the members' order, as `_install_target` writes them.
+        for member_id in [m for m in members if m in parts] if len(parts) > 1 else parts:
+            part, old = parts[member_id], target.get(member_id)
+            if old is not part and old != part:
+                change.write(target_member_record(group_id, member_id, part))
+        not_members = ([] if target.keys() <= members.keys()  # the usual case, at C speed
+                       else [m for m in target if m not in members])
+        self._end_target_install(group, change, run.group_epoch, not_members, 0,
+                                 run.assignor, now_ms, changes.state, SERVER_MODE, assigned)
+        self._after_run(group, run, changes.rerun_at_ms, change, now_ms)
+        return True
 
     def _apply_run(
         self,
@@ -903,14 +955,18 @@ class GroupCoordinator:
         self._install_target(
             group, change, run.group_epoch, parts, 0, name, now_ms, outcome.state, SERVER_MODE
         )
+        self._after_run(group, run, outcome.rerun_at_ms, change, now_ms)
+
+    def _after_run(self, group: Group, run: AssignorRun, rerun_at_ms: int | None,
+                   change: _Change, now_ms: int) -> None:
         if group.departed_parts:
             for member_id in run.spec.previous_target:
                 group.departed_parts.pop(member_id, None)
-        if outcome.rerun_at_ms is not None:
+        if rerun_at_ms is not None:
             change.timers.append(
-                TimerSet(_timer(ASSIGNMENT_TIMER, group.group_id), max(outcome.rerun_at_ms, now_ms))
+                TimerSet(_timer(ASSIGNMENT_TIMER, group.group_id), max(rerun_at_ms, now_ms))
             )
-        group.rerun_at_ms = outcome.rerun_at_ms
+        group.rerun_at_ms = rerun_at_ms
 
     def _install_target(
         self,
@@ -931,10 +987,20 @@ class GroupCoordinator:
             old = target.get(member_id)
             if old is not new and old != new:
                 change.write(target_member_record(group_id, member_id, new))
-        for member_id in [m for m in group.target if m not in group.members]:
+        self._end_target_install(group, change, epoch,
+                                 [m for m in group.target if m not in group.members], error,
+                                 assignor, now_ms, state, mode,
+                                 sum(len(p.units) for p in parts.values()))
+
+    def _end_target_install(self, group: Group, change: _Change, epoch: int,
+                            not_members: list[str], error: int, assignor: str | None,
+                            now_ms: int, state: bytes, mode: str, assigned: int) -> None:
+        """The end of installing a target: parts of those no longer members dropped, the
+        target metadata written, the event told."""
+        group_id = group.group_id
+        for member_id in not_members:
             change.write(target_member_record(group_id, member_id, None))
         change.write(target_metadata_record(group_id, epoch, error, assignor, now_ms, state))
-        assigned = sum(len(p.units) for p in parts.values())
         change.event(
             "target_installed",
             group,

@@ -114,6 +114,13 @@ class Group:
     departed_parts: dict[str, frozenset[Unit]] = field(default_factory=dict)
     # Bumped by every member metadata record: what the two caches below go by.
     metadata_changes: int = 0
+    # Bumped by every target member record (an offloaded run's landing checks both).
+    target_changes: int = 0
+    # Target parts that carry a client-side assignor's version or metadata.
+    versioned_parts: int = 0
+    # No member's epoch has ever exceeded this: a target epoch above it leaves every
+    # member unreconciled, without looking at each.
+    member_epoch_bound: int = 0
     # (metadata_changes, mode, assignor): the assignment mode follows the members' metadata.
     mode_cache: tuple[int, str, str] | None = None
     # member id -> its MemberSpec in the last server-side run's spec, reused by the next
@@ -301,13 +308,18 @@ class GroupStore:
     def _replay_target_member(self, key: ConnectGroupTargetAssignmentMemberKey,
                               value: object) -> None:
         group = self.group(key.group_id)
-        if value is None:
-            group.target.pop(key.member_id, None)
-        else:
+        group.target_changes += 1
+        target = group.target
+        old = target.get(key.member_id) if value is not None else target.pop(key.member_id, None)
+        if old is not None and (old.version or old.metadata):
+            group.versioned_parts -= 1
+        if value is not None:
             assert isinstance(value, ConnectGroupTargetAssignmentMemberValue)
-            group.target[key.member_id] = TargetPart(
+            target[key.member_id] = TargetPart(
                 units_from_record(value.assigned), value.version, value.metadata
             )
+            if value.version or value.metadata:
+                group.versioned_parts += 1
 
     def _replay_configuration(self, key: ConnectGroupConfigurationKey, value: object) -> None:
         group = self.group(key.group_id)
@@ -413,6 +425,8 @@ class GroupStore:
         else:  # a member's first assignment (every member's, at start-up)
             self._claim(group, member_id, new_held)
         member.current = new
+        if new.epoch > group.member_epoch_bound:
+            group.member_epoch_bound = new.epoch
         # `Group.refresh_reconciled`, inlined: start-up replays one of these per member.
         if new.epoch == group.assignment_epoch and new.state is _STABLE:
             group.unreconciled.discard(member_id)
@@ -439,9 +453,13 @@ class GroupStore:
             group.assignor_state = value.assignor_state
             if not epoch_changed:
                 return
-        # A new target epoch changes who counts as reconciled: one pass over the members
-        # (`is_reconciled` inlined: this runs on the event loop when a big group's run lands).
+        # A new target epoch changes who counts as reconciled. Usually no member has reached
+        # it yet, and all are (a copy of the keys: this runs on the event loop when a big
+        # group's run lands); otherwise one pass over the members (`is_reconciled` inlined).
         epoch, stable = group.assignment_epoch, MemberState.STABLE
+        if epoch > group.member_epoch_bound:
+            group.unreconciled = set(group.members)
+            return
         group.unreconciled = {
             member_id
             for member_id, member in group.members.items()

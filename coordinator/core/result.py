@@ -95,6 +95,11 @@ class AssignorRun:
     group_epoch: int
     started_ms: int
     spec: Any
+    # The group's change counters when the spec was taken: a run that lands on a group
+    # whose members, metadata and target are still those of its spec applies in time
+    # proportional to what it changed (`GroupCoordinator.complete_assignor_run`).
+    metadata_changes: int = -1
+    target_changes: int = -1
 
 
 @dataclass(slots=True)

@@ -39,8 +39,7 @@ import structlog
 import trio
 import trio_parallel
 
-from coordinator.assignors.api import AssignmentResult
-from coordinator.assignors.transport import SpecPacker, expand, run_packed
+from coordinator.assignors.transport import CompactResult, SpecPacker, run_packed
 from coordinator.config import ServerConfig
 from coordinator.core.coordinator import GroupCoordinator
 from coordinator.core.result import AssignorRun, Event, Record, Result, TimerKey, TimerOp, TimerSet
@@ -544,8 +543,7 @@ class Runtime:
 
     async def _run_job(self, run: AssignorRun, submitted: float) -> None:
         assignor = self.core.assignors[run.assignor]
-        outcome: AssignmentResult | BaseException
-        verified = False
+        outcome: CompactResult | BaseException
         timeout_s = self.config.assignor_run_timeout_ms / 1000.0
         started = time.perf_counter()
         label = "ok"
@@ -569,13 +567,12 @@ class Runtime:
                                 packed = done.value
                                 break
                             await trio.lowlevel.checkpoint()  # answer heartbeats meanwhile
-                        compact_result = await self._worker_context.run_sync(
+                        # The core applies the result as the worker sends it: only
+                        # the members whose target changed (`CompactResult`).
+                        outcome = await self._worker_context.run_sync(
                             run_packed, packed,
                             kill_on_cancel=True, limiter=trio.CapacityLimiter(1),
                         )
-                        await trio.lowlevel.checkpoint()  # the result arrived: answer first
-                        outcome = expand(run.spec, compact_result)
-                        verified = compact_result.verified
                     finally:
                         metrics.assignor_run_seconds.labels(run.assignor).observe(
                             time.perf_counter() - running)
@@ -596,9 +593,9 @@ class Runtime:
                  run=run.run_id, outcome=label,
                  duration_ms=round((time.perf_counter() - started) * 1000, 2))
         try:
-            await trio.lowlevel.checkpoint()  # between the expansion and applying it
+            await trio.lowlevel.checkpoint()  # the result arrived: answer heartbeats first
             await self.complete(self.core.complete_assignor_run(
-                run, outcome, self.clock.now_ms(), verified))
+                run, outcome, self.clock.now_ms()))
         except Exception:
             log.exception("assignor_result_failed", group=run.group_id, run=run.run_id)
         times = RunTimes(run.group_id, run.run_id, label, submitted, returned, time.time())

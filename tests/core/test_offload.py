@@ -7,11 +7,15 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from coordinator.assignors.api import AssignmentResult
-from coordinator.assignors.transport import SpecPacker, expand, run_packed
+from coordinator.assignors.transport import SpecPacker, compact, expand, run_packed
 from coordinator.config import ServerConfig
+from coordinator.units import Unit, units_of
 from protocol.errors import ErrorCode
+from protocol.messages import ConnectGroupDescribeRequest
 
 from .context import Context, units, wire_units
 
@@ -118,7 +122,14 @@ def test_inline_when_offload_is_disabled_for_the_group() -> None:
 
 
 def finish_through_the_pool_transport(ctx: Context, job: Any) -> None:
-    """What the runtime does: pack, run in the worker, compact, expand, apply verified."""
+    """What the runtime does: pack, run in the worker, compact, apply the compact result."""
+    packed = SpecPacker().pack(ctx.assignors[job.assignor], job.spec)
+    compact_result = run_packed(pickle.loads(pickle.dumps(packed)))
+    ctx.apply(ctx.core.complete_assignor_run(job, compact_result, ctx.now))
+
+
+def finish_expanded(ctx: Context, job: Any) -> None:
+    """The pool transport, with the full result rebuilt before it is applied."""
     packed = SpecPacker().pack(ctx.assignors[job.assignor], job.spec)
     compact_result = run_packed(pickle.loads(pickle.dumps(packed)))
     ctx.apply(ctx.core.complete_assignor_run(job, expand(job.spec, compact_result), ctx.now,
@@ -180,3 +191,170 @@ def test_member_specs_follow_the_members_and_are_reused_while_unchanged() -> Non
     # Asked again with nothing changed, every entry is the very same object.
     again = ctx.core._member_specs(group)
     assert all(again[m] is second.spec.members[m] for m in ("w1", "w2"))
+
+
+# --- landing a compact result: the same records as the full result, whatever happened ---
+
+# What starts the run whose result lands (the spec is taken then).
+BEFORE = ("connector resized", "static member joined", "member left",
+          "client-side target, then server mode")
+MEANWHILE = (None, "member joined", "member left", "static member replaced",
+             "connector resized", "connector deleted", "worker url changed", "member heartbeat")
+
+
+def _reconcile(ctx: Context) -> None:
+    """Every member heartbeats until it runs its target (a few rounds suffice here)."""
+    for _ in range(3):
+        for member in ctx.describe(G).members:
+            ctx.heartbeat(G, member.member_id, member.member_epoch,
+                          owned=wire_units(member.assigned))
+
+
+def _set_up(ctx: Context, members: int, static: list[bool], before: str) -> None:
+    client_first = before == "client-side target, then server mode"
+    ctx.put_connector(G, "B", 5)
+    for index in range(members):
+        ctx.join(G, f"w{index}", instance_id=f"i{index}" if static[index] else None,
+                 client=client_first, server_assignor=None if client_first else RR)
+    while ctx.jobs:
+        ctx.finish_job(ctx.jobs.pop(0))
+    if client_first:  # parts with a version
+        chooser = ctx.describe(G).members[0]
+        ctx.compute_and_install(G, chooser.member_id, chooser.member_epoch, lambda prepared: {
+            member.member_id: units("A") if index == 0 else frozenset()
+            for index, member in enumerate(prepared.members)})
+    _reconcile(ctx)
+    if client_first:  # the first to switch starts the run (the others change metadata)
+        for index in range(members):
+            ctx.heartbeat(G, f"w{index}", ctx.member_view(G, f"w{index}").member_epoch,
+                          server_assignor=RR)
+    elif before == "static member joined":  # in the spec, without a part yet
+        ctx.join(G, "s-new", instance_id="i-new", server_assignor=RR)
+    elif before == "member left":  # its part is in the spec's previous target
+        ctx.heartbeat(G, "w0", -1)
+    if not ctx.jobs:
+        ctx.put_connector(G, "A", 4)  # starts the run
+
+
+def _meanwhile(ctx: Context, what: str | None) -> None:
+    if what == "member joined":
+        ctx.join(G, "late", server_assignor=RR)
+        return
+    members = ctx.describe(G).members
+    if what is None or not members:
+        return
+    first = members[0]
+    static = [m for m in members if m.instance_id is not None]
+    if what == "member left":
+        ctx.heartbeat(G, first.member_id, -1)
+    elif what == "static member replaced" and static:
+        leaving = static[-1]  # the newest: without a part when it joined just before
+        ctx.heartbeat(G, leaving.member_id, -2, instance_id=leaving.instance_id)
+        ctx.join(G, f"{leaving.member_id}-again", instance_id=leaving.instance_id,
+                 server_assignor=RR)
+    elif what == "connector resized":
+        ctx.put_connector(G, "B", 7)
+    elif what == "connector deleted":
+        ctx.apply(ctx.core.delete_connector(G, "A", ctx.now))
+    elif what == "worker url changed":
+        ctx.heartbeat(G, first.member_id, first.member_epoch, worker_url="http://moved:8083")
+    elif what == "member heartbeat":
+        ctx.heartbeat(G, first.member_id, first.member_epoch)
+
+
+RESULTS = ("the assignor's own", "everyone's previous part", "all to the first member",
+           "drawn")
+
+
+def _result(kind: str, data: st.DataObject, ctx: Context, spec: Any) -> AssignmentResult:
+    """A result of the given kind for `spec`; "drawn" gives each member (and a stranger)
+    its previous part, units not given yet or nothing, in any order, and may break the
+    rules (a unit given twice or unknown)."""
+    everything = sorted(units_of(spec.connectors))
+    if kind == "the assignor's own":
+        result: AssignmentResult = ctx.assignors[RR].assign(spec)
+        return result
+    if kind == "everyone's previous part":
+        order = data.draw(st.permutations(list(spec.previous_target)), label="order")
+        return AssignmentResult({member_id: spec.previous_target[member_id]
+                                 for member_id in order})
+    if kind == "all to the first member":
+        return AssignmentResult({next(iter(spec.members)): frozenset(everything)})
+    named = list(dict.fromkeys([*spec.members, *spec.previous_target, "stranger"]))
+    free = [unit for unit in everything
+            if not any(unit in part for part in spec.previous_target.values())]
+    target: dict[str, frozenset[Unit]] = {}
+    for member_id in data.draw(st.permutations(named), label="order"):
+        choice = data.draw(st.sampled_from(["previous", "new", "left out"]), label=member_id)
+        if choice == "previous" and member_id in spec.previous_target:
+            target[member_id] = spec.previous_target[member_id]
+        elif choice == "new":
+            part = data.draw(st.frozensets(st.sampled_from(everything), max_size=4)
+                             if data.draw(st.booleans(), label="any units")
+                             else st.frozensets(st.sampled_from(free or everything), max_size=3))
+            if data.draw(st.integers(0, 9), label="unknown unit") == 0:
+                part |= {("ghost", 0)}
+            target[member_id] = part
+    rerun_at_ms = data.draw(st.none() | st.integers(0, 2_000_000), label="rerun at")
+    return AssignmentResult(target, state=b"s", rerun_at_ms=rerun_at_ms)
+
+
+def _land_three_ways(contexts: list[Context], result: AssignmentResult) -> None:
+    """Land each context's pending run: with the full result, as the worker's compact
+    result, and as that compact result expanded again."""
+    direct, compacted, expanded = contexts
+    jobs = [ctx.jobs.pop() for ctx in contexts]
+    spec = jobs[0].spec
+    direct.finish_job(jobs[0], result)
+    compact_result = compact(spec, result)
+    compacted.finish_job(jobs[1], compact_result)
+    expanded.apply(expanded.core.complete_assignor_run(
+        jobs[2], expand(spec, compact_result), expanded.now, compact_result.verified))
+    for ctx in (compacted, expanded):
+        assert ctx.log == direct.log
+        assert ctx.last is not None and direct.last is not None
+        assert ctx.last.events == direct.last.events
+        assert ctx.timers == direct.timers
+        assert ctx.describe(G) == direct.describe(G)
+        assert ctx.replayed().describe(  # the counters the landing goes by replay too
+            ConnectGroupDescribeRequest(group_ids=(G,)), ctx.now).groups[0] == ctx.describe(G)
+
+
+@pytest.mark.parametrize("kind", RESULTS)
+@pytest.mark.parametrize("meanwhile", MEANWHILE)
+@pytest.mark.parametrize("before", BEFORE)
+@settings(max_examples=3)
+@given(data=st.data())
+def test_a_compact_result_lands_exactly_like_the_full_result(
+        before: str, meanwhile: str | None, kind: str, data: st.DataObject) -> None:
+    # The runtime hands the core the worker's compact result; when nothing about the group
+    # changed in flight, the core applies only the changed members (`_apply_changes`).
+    # Whatever the result and whatever happened meanwhile, the records, events, timers and
+    # state must be those of applying the full result; so for the next run, whose result
+    # is of the same kind. The last landing's undo records must restore the state from
+    # before it (who is reconciled included).
+    members = data.draw(st.integers(2 if before == "member left" else 1, 4), label="members")
+    static = data.draw(st.lists(st.booleans(), min_size=members, max_size=members))
+    contexts = [offload_context() for _ in range(3)]
+    for ctx in contexts:
+        _set_up(ctx, members, static, before)
+    result = _result(kind, data, contexts[0], contexts[0].jobs[-1].spec)
+    for ctx in contexts:
+        _meanwhile(ctx, meanwhile)
+    _land_three_ways(contexts, result)
+    for ctx in contexts:
+        while ctx.jobs:  # a run started by what happened meanwhile: the assignor's own
+            ctx.finish_job(ctx.jobs.pop(0))
+        _reconcile(ctx)
+        ctx.put_connector(G, "B", 6)
+    if all(ctx.jobs for ctx in contexts):
+        result = _result(kind, data, contexts[0], contexts[0].jobs[-1].spec)
+        before_landing = [(ctx.describe(G), set(ctx.core.store.groups[G].unreconciled))
+                          for ctx in contexts]
+        _land_three_ways(contexts, result)
+        for ctx, (described, unreconciled) in zip(contexts, before_landing, strict=True):
+            assert ctx.last is not None
+            for record in ctx.last.undo:
+                ctx.core.store.replay(record)
+            assert ctx.describe(G) == described
+            assert ctx.core.store.groups[G].unreconciled == unreconciled
