@@ -12,7 +12,9 @@ members' targets are the same frozenset objects, so:
 * :func:`run_packed` (in the worker process) unpacks the spec, runs the assignor, checks the
   result (every unit known to the spec and given at most once) and sends back only the
   members whose target changed;
-* :func:`expand` rebuilds the full result on the event loop from the spec's own sets, so an
+* the core applies that compact result as it is when the group is as the spec saw it
+  (`GroupCoordinator.complete_assignor_run`: only the changed members are touched);
+  otherwise :func:`expand` rebuilds the full result from the spec's own sets, so an
   unchanged member's target is the very object it was, and comparing it costs nothing.
 """
 
