@@ -189,7 +189,7 @@ def _serve(args: argparse.Namespace) -> int:
         async with trio.open_nursery() as nursery:
             data_dir = None if args.in_memory else args.data_dir
             handle = await nursery.start(partial(run_server, config, listen, admin, data_dir,
-                                                 tune_gc=True))
+                                                 tune_process=True))
             with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
                 async for _ in signals:
                     handle.stop()

@@ -18,7 +18,7 @@ from coordinator.core.coordinator import GroupCoordinator
 from coordinator.log.files import FileLayer
 from coordinator.log.lock import DataDirLock
 from coordinator.metrics import Metrics
-from coordinator.server import memory
+from coordinator.server import memory, scheduling
 from coordinator.server.admin import build_admin_app
 from coordinator.server.kafka import KafkaServer
 from coordinator.server.runtime import Clock, RecordSink, Runtime
@@ -54,7 +54,7 @@ async def run_server(
     clock: Clock | None = None,
     sink: RecordSink | None = None,
     file_layer: FileLayer | None = None,
-    tune_gc: bool = False,
+    tune_process: bool = False,
     task_status: trio.TaskStatus[ServerHandle] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve until `ServerHandle.stop()`, then shut down gracefully.
@@ -62,11 +62,13 @@ async def run_server(
     With a data dir the state lives in the record log there: it is replayed before the
     server reports ready (KRPC answers COORDINATOR_LOAD_IN_PROGRESS meanwhile).
     `file_layer` replaces the OS file layer under the log (tests inject faults with it).
-    `tune_gc`: the process is the coordinator's own (`serve`): tune the garbage collector
-    for it (coordinator/server/memory.py).
+    `tune_process`: the process is the coordinator's own (`serve`): tune the garbage
+    collector for it (coordinator/server/memory.py) and ask for a short CPU slice for the
+    event loop (coordinator/server/scheduling.py).
     """
-    if tune_gc:
+    if tune_process:
         memory.tune_collector()
+        scheduling.request_short_slice()  # this is the event loop's thread
     # One coordinator per data directory: a second one's appends would interleave.
     data_dir_lock: DataDirLock | None = None
     if sink is None and data_dir is not None:
@@ -81,7 +83,7 @@ async def run_server(
         if sink is None and data_dir is not None:
             log_sink = LogSink(None, lambda: runtime.now_ms(), metrics)
             loader = LogReplayer(data_dir, config, log_sink, file_layer,
-                                    freeze_loaded=tune_gc)
+                                    freeze_loaded=tune_process)
             sink = log_sink
         runtime = Runtime(core, config, sink, clock, loader=loader, metrics=metrics)
         if log_sink is not None:
@@ -104,7 +106,7 @@ async def run_server(
             admin_port = int(binds[0].rsplit(":", 1)[1])
             handle = ServerHandle(runtime, kafka_port, admin_port)
             await runtime.wait_ready()
-            if tune_gc:
+            if tune_process:
                 memory.freeze_loaded_state()
                 nursery.start_soon(memory.collect_periodically)
             if log_sink is not None:  # compaction runs in a thread, never on the request path

@@ -54,7 +54,11 @@ Every round then measures a baseline window (no assignor run anywhere) followed 
 
 The load processes collect garbage just before each window and not during it
 (`--load-gc on` keeps Python's own schedule): a full collection of a load process stalls
-its 100 workers for 20-70 ms, which is the instrument's pause, not the coordinator's.
+its 100 workers for 20-70 ms, which is the instrument's pause, not the coordinator's. For
+the same reason each load process asks for a short CPU slice, as `serve` does for its event
+loop (`--load-slice default` keeps the kernel's): on a 2-vCPU machine, a load process that
+wakes for an answer while the assignor pool computes would otherwise wait for the rest of
+the pool's slice (1.4 ms here) before it can take the time.
 `machine_cpu` is what the whole machine used during the windows: on a shared machine, what
 the coordinator, its pool and the load did not use is someone else's.
 """
@@ -85,6 +89,7 @@ import trio
 
 from coordinator.cli import module_command
 from coordinator.client import KafkaClient
+from coordinator.server.scheduling import request_short_slice
 from protocol.errors import ErrorCode, error_name
 from protocol.messages import ConnectGroupDescribeRequest, ConnectGroupHeartbeatRequest
 
@@ -268,6 +273,8 @@ async def _load_process(plan: dict[str, Any], out: Any) -> None:
         out.write(json.dumps(message) + "\n")
         out.flush()
 
+    if plan.get("load_slice") == "short":
+        request_short_slice()  # this thread runs the load's event loop
     recorder = Recorder()
     load = (_RawLoad if plan.get("client") == "raw" else _WorkerLoad)(plan, recorder)
     async with trio.open_nursery() as nursery:
@@ -1067,7 +1074,8 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
                 processes.append(await LoadProcess.start({
                     "host": target.host, "port": target.port, "interval_ms": args.interval_ms,
                     "request_timeout_ms": args.request_timeout_ms, "workers": share,
-                    "load_gc": args.load_gc, "client": args.load_client}))
+                    "load_gc": args.load_gc, "load_slice": args.load_slice,
+                    "client": args.load_client}))
             for process in processes:
                 await process.receive("started")
             settle = await _wait_stable(target, groups, args.workers_per_group,
@@ -1131,6 +1139,7 @@ def _config(args: argparse.Namespace) -> dict[str, Any]:
         "tasks_per_connector": args.tasks,
         "interval_ms": args.interval_ms,
         "load_gc": args.load_gc,
+        "load_slice": args.load_slice,
         "load_client": args.load_client,
         "duration_s": args.duration,
         "rounds": args.rounds,
@@ -1192,6 +1201,11 @@ def build_parser() -> argparse.ArgumentParser:
                            "full collections then stall a load process for 20-70 ms every "
                            "few seconds, and those stalls count as latency) "
                            "(default %(default)s)")
+    load.add_argument("--load-slice", choices=("short", "default"), default="short",
+                      help="the load processes' CPU slice: short (0.1 ms, as `serve` asks "
+                           "for its event loop, so a load process that wakes for an answer "
+                           "is not kept waiting behind the assignor pool's process) or the "
+                           "kernel's default (default %(default)s)")
     load.add_argument("--duration", type=float, default=10.0,
                       help="seconds per measurement window (default %(default)s)")
     load.add_argument("--rounds", type=int, default=1,

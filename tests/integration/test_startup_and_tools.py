@@ -11,11 +11,13 @@ from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
+import trio
 from crc32c import crc32c
 
 from coordinator.log import LogWriter
 from coordinator.log.files import OsFileLayer
 from coordinator.log.segments import list_segments
+from coordinator.server.scheduling import EVENT_LOOP_SLICE_NS
 from coordinator.storage import snapshot_rows
 from coordinator.units import Unit
 from tests.core.context import wire_units
@@ -192,3 +194,17 @@ def test_log_check_and_dump_take_data_dir(tmp_path: Path) -> None:
     assert "tombstone" not in dumped.stdout or "Member" in dumped.stdout
     both = tool("check", str(tmp_path / "data"), "--data-dir", str(tmp_path / "other"))
     assert both.returncode == 2 and "two different data dirs" in both.stderr
+
+
+async def test_serve_asks_for_a_short_cpu_slice_for_its_event_loop(tmp_path: Path) -> None:
+    # The kernel shows each thread's slice in /proc/PID/sched (se.slice, in ns); the main
+    # thread is the event loop's. Without the request it is the kernel's default.
+    server = ServerProcess(tmp_path / "data", tmp_path, SETTINGS)
+    await server.start()
+    try:
+        assert server.process is not None
+        sched = await trio.Path(f"/proc/{server.process.pid}/sched").read_text()
+        line = next(line for line in sched.splitlines() if line.startswith("se.slice"))
+        assert int(line.split(":")[1]) == EVENT_LOOP_SLICE_NS
+    finally:
+        server.kill()

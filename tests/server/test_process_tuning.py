@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import threading
 import weakref
 from pathlib import Path
 
@@ -103,3 +104,25 @@ def test_serve_freezes_what_the_log_load_allocated(tmp_path: Path, freeze_loaded
         gc.unfreeze()
         assert loader.writer is not None
         loader.writer.close()
+
+
+def test_the_event_loop_thread_asks_for_a_short_cpu_slice() -> None:
+    # On a thread of its own, so the test process keeps its own slice.
+    from coordinator.server.scheduling import (
+        EVENT_LOOP_SLICE_NS,
+        current_slice_ns,
+        request_short_slice,
+    )
+
+    seen: list[tuple[int | None, bool, int | None]] = []
+
+    def ask() -> None:
+        before = current_slice_ns()
+        seen.append((before, request_short_slice(), current_slice_ns()))
+
+    thread = threading.Thread(target=ask)
+    thread.start()
+    thread.join()
+    before, taken, after = seen[0]
+    assert before is not None and before > EVENT_LOOP_SLICE_NS  # Linux's default slice
+    assert taken and after == EVENT_LOOP_SLICE_NS
