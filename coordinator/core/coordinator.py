@@ -860,7 +860,7 @@ class GroupCoordinator:
         having changed nothing, when that does not hold."""
         if not (changes.verified
                 and group.metadata_changes == run.metadata_changes
-                and group.target_changes == run.target_changes  # (implied by the others today)
+                and group.target_changes == run.target_changes  # (a rolled-back landing)
                 and not group.versioned_parts  # a server-side part has neither
                 and run.spec.connectors == group.connectors):
             return False

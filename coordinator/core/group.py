@@ -427,11 +427,7 @@ class GroupStore:
         member.current = new
         if new.epoch > group.member_epoch_bound:
             group.member_epoch_bound = new.epoch
-        # `Group.refresh_reconciled`, inlined: start-up replays one of these per member.
-        if new.epoch == group.assignment_epoch and new.state is _STABLE:
-            group.unreconciled.discard(member_id)
-        else:
-            group.unreconciled.add(member_id)
+        group.refresh_reconciled(member)
 
     def _replay_target_metadata(
         self, key: ConnectGroupTargetAssignmentMetadataKey, value: object
@@ -455,15 +451,14 @@ class GroupStore:
                 return
         # A new target epoch changes who counts as reconciled. Usually no member has reached
         # it yet, and all are (a copy of the keys: this runs on the event loop when a big
-        # group's run lands); otherwise one pass over the members (`is_reconciled` inlined).
-        epoch, stable = group.assignment_epoch, MemberState.STABLE
-        if epoch > group.member_epoch_bound:
+        # group's run lands); otherwise (a rollback) one pass over the members.
+        if group.assignment_epoch > group.member_epoch_bound:
             group.unreconciled = set(group.members)
             return
         group.unreconciled = {
             member_id
             for member_id, member in group.members.items()
-            if member.current.epoch != epoch or member.current.state is not stable
+            if not group.is_reconciled(member)
         }
 
     @staticmethod
@@ -495,7 +490,6 @@ GroupStore._appliers = {
     ConnectGroupConfigurationKey: GroupStore._replay_configuration,
 }
 _MEMBER_STATES = {int(state): state for state in MemberState}
-_STABLE = MemberState.STABLE
 
 
 # --- record builders -------------------------------------------------------------------

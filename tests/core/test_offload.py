@@ -358,3 +358,28 @@ def test_a_compact_result_lands_exactly_like_the_full_result(
                 ctx.core.store.replay(record)
             assert ctx.describe(G) == described
             assert ctx.core.store.groups[G].unreconciled == unreconciled
+
+
+def test_a_run_started_by_a_landing_that_was_rolled_back_lands_like_the_full_result() -> None:
+    # A landing starts the next run in the same change when the group moved on meanwhile.
+    # If that change's records then fail to reach the log, the runtime rolls it back while
+    # the next run is in flight: only the target changed (no member, metadata or
+    # connector), and the next run's result must still land as the full result would.
+    contexts = [offload_context() for _ in range(2)]
+    for ctx in contexts:
+        _set_up(ctx, 3, [False, False, False], "connector resized")
+        first = ctx.jobs.pop()
+        ctx.put_connector(G, "B", 7)  # in flight: the landing starts the next run
+        ctx.finish_job(first)
+        assert ctx.last is not None and len(ctx.jobs) == 1
+        ctx.core.rollback(ctx.last)  # its records were not written
+    direct, compacted = contexts
+    job = direct.jobs.pop()
+    result = direct.assignors[RR].assign(job.spec)
+    direct.finish_job(job, result)
+    job = compacted.jobs.pop()
+    compacted.finish_job(job, compact(job.spec, result))
+    assert compacted.last is not None and direct.last is not None
+    assert compacted.last.records == direct.last.records
+    assert compacted.last.events == direct.last.events
+    assert compacted.describe(G) == direct.describe(G)
