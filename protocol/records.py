@@ -14,11 +14,14 @@ from __future__ import annotations
 import dataclasses
 import functools
 import re
-from typing import NamedTuple, TypeAlias, TypeVar
+import struct
+from collections.abc import Callable
+from typing import Any, NamedTuple, TypeAlias, TypeVar
 
 from kio.serial import entity_reader
 
 from protocol._codec import INT16, INT32, EntityDecodeError, entity_bytes, read_entity, uvarint
+from protocol.fastpath import compact_bytes, connectors_and_tasks_bytes
 from protocol.messages import (
     ConnectGroupConfigurationKey,
     ConnectGroupConfigurationValue,
@@ -114,8 +117,9 @@ def encode_value(value: RecordValue | None) -> bytes | None:
     """Encode a value; ``None`` (a tombstone) stays ``None``."""
     if value is None:
         return None
-    if type(value) is ConnectGroupConnectorsValue:
-        return _encode_connectors_value(value)
+    writer = _DIRECT_WRITERS.get(type(value))
+    if writer is not None:
+        return writer(value)
     type_id = record_type_id(value)
     value_type = RECORD_TYPES[type_id][1]
     if type(value) is not value_type:
@@ -146,6 +150,42 @@ def _encode_connectors_value(value: ConnectGroupConnectorsValue) -> bytes:
 def _connector_bytes(name: str, tasks: int) -> bytes:
     encoded = name.encode()
     return b"".join([uvarint(len(encoded) + 1), encoded, INT32.pack(tasks), _NO_TAGGED_FIELDS])
+
+
+# A member's assignment records are written for every member after each new target epoch
+# (its current assignment) and for each member whose part changed (its target): written
+# directly too, their units by protocol/fastpath.py.
+_CURRENT_ASSIGNMENT_HEAD = struct.Struct(">hiib")  # value version, epochs, state
+_ERROR_AND_VERSION = struct.Struct(">bh")
+
+
+def _encode_current_assignment_value(value: ConnectGroupCurrentMemberAssignmentValue) -> bytes:
+    return b"".join([
+        _CURRENT_ASSIGNMENT_HEAD.pack(VALUE_VERSION, value.member_epoch,
+                                      value.previous_member_epoch, value.state),
+        connectors_and_tasks_bytes(value.assigned),
+        connectors_and_tasks_bytes(value.pending_revocation),
+        _ERROR_AND_VERSION.pack(value.error, value.version),
+        compact_bytes(value.metadata),
+        _NO_TAGGED_FIELDS,
+    ])
+
+
+def _encode_target_member_value(value: ConnectGroupTargetAssignmentMemberValue) -> bytes:
+    return b"".join([
+        _VALUE_VERSION_BYTES,
+        connectors_and_tasks_bytes(value.assigned),
+        INT16.pack(value.version),
+        compact_bytes(value.metadata),
+        _NO_TAGGED_FIELDS,
+    ])
+
+
+_DIRECT_WRITERS: dict[type, Callable[[Any], bytes]] = {
+    ConnectGroupConnectorsValue: _encode_connectors_value,
+    ConnectGroupCurrentMemberAssignmentValue: _encode_current_assignment_value,
+    ConnectGroupTargetAssignmentMemberValue: _encode_target_member_value,
+}
 
 
 def _read_int16(data: bytes, what: str) -> int:

@@ -178,7 +178,27 @@ class PreparedAssignment:
 # --- conversions between the model and the wire/record structs ---------------------------
 
 
+# After a new target epoch every member's next heartbeat writes its current assignment
+# (and the undo of that record) and answers with it: three conversions of one set object,
+# 30 us each for 50 tasks. The last set converted is remembered by identity.
+_last_converted: list[Any] = [None, None]  # [the frozenset, its wire form]
+EMPTY_WIRE = ConnectorsAndTasks(connectors=(), tasks=())
+
+
 def units_to_wire(units: Iterable[Unit]) -> ConnectorsAndTasks:
+    if not units:
+        return EMPTY_WIRE
+    last = _last_converted
+    if units is last[0]:
+        wire: ConnectorsAndTasks = last[1]
+        return wire
+    wire = _convert(units)
+    if type(units) is frozenset:
+        last[0], last[1] = units, wire
+    return wire
+
+
+def _convert(units: Iterable[Unit]) -> ConnectorsAndTasks:
     connectors: list[str] = []
     tasks: list[ConnectorTaskId] = []
     for name, task in sorted(units):

@@ -15,7 +15,7 @@ import trio
 from coordinator.metrics import api_name
 from coordinator.server.runtime import NotDurable, Runtime
 from protocol.errors import ErrorCode
-from protocol.fastpath import encode_plain_heartbeat_response
+from protocol.fastpath import encode_heartbeat_response
 from protocol.framing import (
     API_VERSIONS,
     DecodedRequest,
@@ -193,7 +193,5 @@ class KafkaServer:
             return error_response(key, version, correlation, code,
                                   "the change could not be written to the log; retry"), code
         if key == HEARTBEAT:
-            fast = encode_plain_heartbeat_response(correlation, response)
-            if fast is not None:
-                return fast, response.error_code
+            return encode_heartbeat_response(correlation, response), response.error_code
         return encode_response(key, version, correlation, response), response.error_code

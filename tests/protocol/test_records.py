@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -10,9 +12,13 @@ from protocol._codec import INT16, entity_bytes
 from protocol.messages import (
     ConnectGroupConnectorsKey,
     ConnectGroupConnectorsValue,
+    ConnectGroupCurrentMemberAssignmentValue,
     ConnectGroupMemberMetadataKey,
     ConnectGroupMetadataKey,
     ConnectGroupMetadataValue,
+    ConnectGroupTargetAssignmentMemberValue,
+    ConnectorsAndTasks,
+    ConnectorTaskId,
 )
 from protocol.messages.connect_group_connectors_value import Connector
 from protocol.records import (
@@ -26,6 +32,7 @@ from protocol.records import (
     encode_value,
     format_record,
 )
+from tests.protocol.strategies import entities
 
 KEY = ConnectGroupMetadataKey(group_id="g1")
 
@@ -120,3 +127,18 @@ def test_connectors_value_is_written_as_kio_writes_it(
     assert written == INT16.pack(VALUE_VERSION) + entity_bytes(ConnectGroupConnectorsValue,
                                                                value)
     assert decode_value(ConnectGroupConnectorsValue, written) == value
+
+
+@given(value=entities(ConnectGroupCurrentMemberAssignmentValue)
+       | entities(ConnectGroupTargetAssignmentMemberValue), tasks=st.integers(0, 300))
+def test_assignment_values_are_written_as_kio_writes_them(
+        value: ConnectGroupCurrentMemberAssignmentValue | ConnectGroupTargetAssignmentMemberValue,
+        tasks: int) -> None:
+    # Both are written for every member after a new target (protocol/fastpath.py); a few
+    # hundred tasks with long names take the lengths past one varint byte.
+    many = ConnectorsAndTasks(connectors=value.assigned.connectors, tasks=tuple(
+        ConnectorTaskId(connector="c" * (task % 200), task=task) for task in range(tasks)))
+    for candidate in (value, dataclasses.replace(value, assigned=many)):
+        written = encode_value(candidate)
+        assert written == INT16.pack(VALUE_VERSION) + entity_bytes(type(candidate), candidate)
+        assert decode_value(type(candidate), written) == candidate
