@@ -2,6 +2,12 @@
 
 Shows that a stable member's heartbeat costs the same whatever the group's size: the core
 is called directly (no sockets), with groups of growing size brought to STABLE first.
+
+`--epoch-bump` measures the other frequent heartbeat instead: after a new target epoch
+(here one task added), each member's next heartbeat moves it to that epoch,
+writes its current assignment and answers with its units. Timed per heartbeat: the core
+step, encoding its records for the log, and encoding the answer, i.e. what the event loop
+spends on it before and after the group commit.
 """
 
 from __future__ import annotations
@@ -16,6 +22,8 @@ from coordinator.assignors import load_assignors
 from coordinator.config import ServerConfig
 from coordinator.core.coordinator import GroupCoordinator
 from coordinator.core.group import units_to_wire
+from coordinator.storage import encode_records
+from protocol.fastpath import encode_heartbeat_response
 from protocol.messages import ConnectGroupHeartbeatRequest
 
 GROUP = "bench"
@@ -63,17 +71,73 @@ def measure(members: int, heartbeats: int, rounds: int) -> dict[str, Any]:
             "heartbeats_per_s": round(1e6 / statistics.median(per_round))}
 
 
+def measure_epoch_bump(members: int, tasks_per_member: int, rounds: int) -> dict[str, Any]:
+    """Median over rounds of the mean cost per heartbeat, in us, of every member's first
+    heartbeat after a new target epoch."""
+    core, now = stable_group(members, tasks_per_member)
+    group = core.store.groups[GROUP]
+    tasks = members * tasks_per_member
+    costs: dict[str, list[float]] = {"core_us": [], "records_us": [], "answer_us": []}
+    for _ in range(rounds):
+        tasks += 1  # one task more: a new target, and no member has to release anything
+        epoch = group.assignment_epoch
+        now += 1_000  # past the group's assignment interval: the run is not put off
+        core.put_connector(GROUP, "source", tasks, now)
+        if group.assignment_epoch == epoch:
+            raise RuntimeError("the resize did not install a new target")
+        spent = dict.fromkeys(costs, 0.0)
+        for member in list(group.members.values()):
+            request = ConnectGroupHeartbeatRequest(group_id=GROUP, member_id=member.member_id,
+                                                   member_epoch=member.current.epoch)
+            started = time.perf_counter()
+            result = core.heartbeat(request, now)
+            stepped = time.perf_counter()
+            encode_records(result.records)
+            encoded = time.perf_counter()
+            encode_heartbeat_response(1, result.response)
+            answered = time.perf_counter()
+            if result.response.member_epoch != group.assignment_epoch or not result.records:
+                raise RuntimeError(f"{member.member_id} did not move to the new epoch")
+            spent["core_us"] += stepped - started
+            spent["records_us"] += encoded - stepped
+            spent["answer_us"] += answered - encoded
+        for key, total in spent.items():
+            costs[key].append(total / len(group.members) * 1e6)
+    row: dict[str, Any] = {"members": members, "tasks_per_member": tasks_per_member}
+    row.update({key: round(statistics.median(values), 1) for key, values in costs.items()})
+    row["total_us"] = round(row["core_us"] + row["records_us"] + row["answer_us"], 1)
+    return row
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="connect-coordinator bench core",
                                      description=__doc__)
-    parser.add_argument("--members", default="10,100,1000,10000",
-                        help="comma-separated group sizes (default %(default)s)")
+    parser.add_argument("--members", default=None,
+                        help="comma-separated group sizes (default 10,100,1000,10000; "
+                             "100,1000 with --epoch-bump)")
     parser.add_argument("--heartbeats", type=int, default=20_000)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--epoch-bump", action="store_true",
+                        help="time each member's heartbeat after a new target epoch instead")
+    parser.add_argument("--tasks-per-member", type=int, default=50,
+                        help="with --epoch-bump (default %(default)s)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
-    rows = [measure(int(size), args.heartbeats, args.rounds)
-            for size in args.members.split(",")]
+    if args.rounds < 1 or args.tasks_per_member < 1:
+        parser.error("--rounds and --tasks-per-member must be at least 1")
+    sizes = [int(size) for size in
+             (args.members or ("100,1000" if args.epoch_bump else "10,100,1000,10000"))
+             .split(",")]
+    if args.epoch_bump:
+        rows = [measure_epoch_bump(size, args.tasks_per_member, args.rounds) for size in sizes]
+        if args.json:
+            print(json.dumps(rows))
+        for row in rows if not args.json else []:
+            print(f"{row['members']:>6} members x {row['tasks_per_member']} tasks: "
+                  f"{row['total_us']:>7} us per heartbeat to a new epoch (core "
+                  f"{row['core_us']}, records {row['records_us']}, answer {row['answer_us']})")
+        return 0
+    rows = [measure(size, args.heartbeats, args.rounds) for size in sizes]
     if args.json:
         print(json.dumps(rows))
     else:
