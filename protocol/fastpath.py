@@ -26,7 +26,8 @@ _HEAD = struct.Struct(">iiBih")
 _TAIL = struct.Struct(">iibB")
 # member epoch, heartbeat interval, present Assignment marker (1), assignment error
 _ASSIGNMENT_HEAD = struct.Struct(">iibb")
-_NO_TAGGED_FIELDS = b"\x00"
+NO_TAGGED_FIELDS = b"\x00"
+_NO_TAGGED_FIELDS = NO_TAGGED_FIELDS
 
 
 def encode_heartbeat_response(correlation_id: int,
@@ -59,7 +60,7 @@ def encode_heartbeat_response(correlation_id: int,
 def connectors_and_tasks_bytes(units: ConnectorsAndTasks) -> bytes:
     """A `ConnectorsAndTasks` struct (flexible): two compact arrays and no tagged fields."""
     string = _compact_string
-    task = _task_bytes
+    task = name_and_int32_bytes
     return b"".join([
         uvarint(len(units.connectors) + 1),
         *[string(name) for name in units.connectors],
@@ -73,10 +74,12 @@ def compact_bytes(data: bytes) -> bytes:
     return uvarint(len(data) + 1) + data
 
 
-# Bounded: a coordinator of many large groups keeps the most recently written units.
+# Bounded: a coordinator of many large groups keeps the most recently written entries.
 @functools.lru_cache(maxsize=1 << 17)
-def _task_bytes(connector: str, task: int) -> bytes:
-    return _compact_string(connector) + INT32.pack(task) + _NO_TAGGED_FIELDS
+def name_and_int32_bytes(name: str, number: int) -> bytes:
+    """A struct of a string and an int32 (flexible): a task (connector, task number), or
+    a connector entry of the connectors record (name, task count)."""
+    return _compact_string(name) + INT32.pack(number) + _NO_TAGGED_FIELDS
 
 
 @functools.lru_cache(maxsize=1 << 16)

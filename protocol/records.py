@@ -12,7 +12,6 @@ uses for ``__consumer_offsets``:
 from __future__ import annotations
 
 import dataclasses
-import functools
 import re
 import struct
 from collections.abc import Callable
@@ -20,8 +19,13 @@ from typing import Any, NamedTuple, TypeAlias, TypeVar
 
 from kio.serial import entity_reader
 
-from protocol._codec import INT16, INT32, EntityDecodeError, entity_bytes, read_entity, uvarint
-from protocol.fastpath import compact_bytes, connectors_and_tasks_bytes
+from protocol._codec import INT16, EntityDecodeError, entity_bytes, read_entity, uvarint
+from protocol.fastpath import (
+    NO_TAGGED_FIELDS,
+    compact_bytes,
+    connectors_and_tasks_bytes,
+    name_and_int32_bytes,
+)
 from protocol.messages import (
     ConnectGroupConfigurationKey,
     ConnectGroupConfigurationValue,
@@ -133,23 +137,17 @@ def encode_value(value: RecordValue | None) -> bytes | None:
 # each connector's bytes remembered, it takes a small fraction of that. The layout is the
 # schema's (flexible version 0), and a property test holds it to kio's bytes.
 _VALUE_VERSION_BYTES = INT16.pack(VALUE_VERSION)
-_NO_TAGGED_FIELDS = b"\x00"
+_NO_TAGGED_FIELDS = NO_TAGGED_FIELDS
 
 
 def _encode_connectors_value(value: ConnectGroupConnectorsValue) -> bytes:
-    connector_bytes = _connector_bytes
+    connector_bytes = name_and_int32_bytes
     return b"".join([
         _VALUE_VERSION_BYTES,
         uvarint(len(value.connectors) + 1),  # compact array: length + 1
         *[connector_bytes(connector.name, connector.tasks) for connector in value.connectors],
         _NO_TAGGED_FIELDS,
     ])
-
-
-@functools.lru_cache(maxsize=1 << 16)
-def _connector_bytes(name: str, tasks: int) -> bytes:
-    encoded = name.encode()
-    return b"".join([uvarint(len(encoded) + 1), encoded, INT32.pack(tasks), _NO_TAGGED_FIELDS])
 
 
 # A member's assignment records are written for every member after each new target epoch
