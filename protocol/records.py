@@ -137,7 +137,6 @@ def encode_value(value: RecordValue | None) -> bytes | None:
 # each connector's bytes remembered, it takes a small fraction of that. The layout is the
 # schema's (flexible version 0), and a property test holds it to kio's bytes.
 _VALUE_VERSION_BYTES = INT16.pack(VALUE_VERSION)
-_NO_TAGGED_FIELDS = NO_TAGGED_FIELDS
 
 
 def _encode_connectors_value(value: ConnectGroupConnectorsValue) -> bytes:
@@ -146,7 +145,7 @@ def _encode_connectors_value(value: ConnectGroupConnectorsValue) -> bytes:
         _VALUE_VERSION_BYTES,
         uvarint(len(value.connectors) + 1),  # compact array: length + 1
         *[connector_bytes(connector.name, connector.tasks) for connector in value.connectors],
-        _NO_TAGGED_FIELDS,
+        NO_TAGGED_FIELDS,
     ])
 
 
@@ -165,7 +164,7 @@ def _encode_current_assignment_value(value: ConnectGroupCurrentMemberAssignmentV
         connectors_and_tasks_bytes(value.pending_revocation),
         _ERROR_AND_VERSION.pack(value.error, value.version),
         compact_bytes(value.metadata),
-        _NO_TAGGED_FIELDS,
+        NO_TAGGED_FIELDS,
     ])
 
 
@@ -175,7 +174,7 @@ def _encode_target_member_value(value: ConnectGroupTargetAssignmentMemberValue) 
         connectors_and_tasks_bytes(value.assigned),
         INT16.pack(value.version),
         compact_bytes(value.metadata),
-        _NO_TAGGED_FIELDS,
+        NO_TAGGED_FIELDS,
     ])
 
 

@@ -132,10 +132,12 @@ def main(argv: list[str] | None = None) -> int:
         rows = [measure_epoch_bump(size, args.tasks_per_member, args.rounds) for size in sizes]
         if args.json:
             print(json.dumps(rows))
-        for row in rows if not args.json else []:
-            print(f"{row['members']:>6} members x {row['tasks_per_member']} tasks: "
-                  f"{row['total_us']:>7} us per heartbeat to a new epoch (core "
-                  f"{row['core_us']}, records {row['records_us']}, answer {row['answer_us']})")
+        else:
+            for row in rows:
+                print(f"{row['members']:>6} members x {row['tasks_per_member']} tasks: "
+                      f"{row['total_us']:>7} us per heartbeat to a new epoch (core "
+                      f"{row['core_us']}, records {row['records_us']}, "
+                      f"answer {row['answer_us']})")
         return 0
     rows = [measure(size, args.heartbeats, args.rounds) for size in sizes]
     if args.json:

@@ -57,8 +57,9 @@ The load processes collect garbage just before each window and not during it
 its 100 workers for 20-70 ms, which is the instrument's pause, not the coordinator's. For
 the same reason each load process asks for a short CPU slice, as `serve` does for its event
 loop (`--load-slice default` keeps the kernel's): on a 2-vCPU machine, a load process that
-wakes for an answer while the assignor pool computes would otherwise wait for the rest of
-the pool's slice (1.4 ms here) before it can take the time.
+wakes for an answer while the assignor pool computes could otherwise wait for the rest of
+the pool's slice (1.4 ms here). A short slice also lets the load be preempted sooner while
+it works; which setting disturbs the measurement less is not settled yet (BENCHMARKS.md).
 `machine_cpu` is what the whole machine used during the windows: on a shared machine, what
 the coordinator, its pool and the load did not use is someone else's.
 """

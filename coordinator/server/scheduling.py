@@ -5,13 +5,16 @@ machine) before a task that wakes up gets the CPU, unless the one waking asks fo
 shorter slice. While an assignor run is in flight the worker pool's process computes for
 tens of milliseconds; a heartbeat arriving on the CPU it holds waited for the rest of its
 slice. With a 0.1 ms slice requested for the event loop (`sched_setattr`, `sched_runtime`
-of a normal task, which any user may set), its wake-ups preempt the pool at once; it gives
-up nothing, as it sleeps long before any slice ends. Older kernels ignore the request.
+of a normal task, which any user may set), a waking event loop may preempt the pool at
+once. A short slice also ends sooner while the loop is busy, so whether it helps on the
+whole is not settled by measurement yet (BENCHMARKS.md, issue 4's sections). Older kernels
+ignore the request.
 """
 
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import platform
 import struct
@@ -23,6 +26,11 @@ log = structlog.get_logger("coordinator.scheduling")
 EVENT_LOOP_SLICE_NS = 100_000  # the kernel's minimum custom slice
 _SCHED_ATTR = struct.Struct("IIQiIQQQII")  # struct sched_attr, SCHED_ATTR_SIZE_VER1 (56)
 _SYSCALLS = {"x86_64": (314, 315), "aarch64": (274, 275)}  # sched_setattr, sched_getattr
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
 
 
 def _syscalls() -> tuple[int, int] | None:
@@ -37,8 +45,7 @@ def current_slice_ns() -> int | None:
     if numbers is None:
         return None
     buffer = ctypes.create_string_buffer(_SCHED_ATTR.size)
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.syscall(numbers[1], 0, buffer, _SCHED_ATTR.size, 0) != 0:
+    if _libc().syscall(numbers[1], 0, buffer, _SCHED_ATTR.size, 0) != 0:
         return None
     runtime: int = _SCHED_ATTR.unpack(buffer.raw)[5]
     return runtime
@@ -54,8 +61,7 @@ def request_short_slice(slice_ns: int = EVENT_LOOP_SLICE_NS) -> bool:
         return False
     # SCHED_OTHER (0), no flags, the thread's niceness kept.
     attr = _SCHED_ATTR.pack(_SCHED_ATTR.size, 0, 0, os.nice(0), 0, slice_ns, 0, 0, 0, 0)
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.syscall(numbers[0], 0, ctypes.create_string_buffer(attr, len(attr)), 0) != 0:
+    if _libc().syscall(numbers[0], 0, ctypes.create_string_buffer(attr, len(attr)), 0) != 0:
         log.debug("short_slice_refused", errno=ctypes.get_errno())
         return False
     return True
