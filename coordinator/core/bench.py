@@ -109,6 +109,17 @@ def measure_epoch_bump(members: int, tasks_per_member: int, rounds: int) -> dict
     return row
 
 
+def _stable_line(row: dict[str, Any]) -> str:
+    return (f"{row['members']:>6} members: {row['median_us']:>6} µs per stable heartbeat "
+            f"({row['heartbeats_per_s']:,}/s on one core)")
+
+
+def _epoch_bump_line(row: dict[str, Any]) -> str:
+    return (f"{row['members']:>6} members x {row['tasks_per_member']} tasks: "
+            f"{row['total_us']:>7} us per heartbeat to a new epoch (core {row['core_us']}, "
+            f"records {row['records_us']}, answer {row['answer_us']})")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="connect-coordinator bench core",
                                      description=__doc__)
@@ -130,20 +141,11 @@ def main(argv: list[str] | None = None) -> int:
              .split(",")]
     if args.epoch_bump:
         rows = [measure_epoch_bump(size, args.tasks_per_member, args.rounds) for size in sizes]
-        if args.json:
-            print(json.dumps(rows))
-        else:
-            for row in rows:
-                print(f"{row['members']:>6} members x {row['tasks_per_member']} tasks: "
-                      f"{row['total_us']:>7} us per heartbeat to a new epoch (core "
-                      f"{row['core_us']}, records {row['records_us']}, "
-                      f"answer {row['answer_us']})")
-        return 0
-    rows = [measure(size, args.heartbeats, args.rounds) for size in sizes]
+    else:
+        rows = [measure(size, args.heartbeats, args.rounds) for size in sizes]
     if args.json:
         print(json.dumps(rows))
     else:
         for row in rows:
-            print(f"{row['members']:>6} members: {row['median_us']:>6} µs per stable heartbeat "
-                  f"({row['heartbeats_per_s']:,}/s on one core)")
+            print(_epoch_bump_line(row) if args.epoch_bump else _stable_line(row))
     return 0
