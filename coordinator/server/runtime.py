@@ -39,7 +39,12 @@ import structlog
 import trio
 import trio_parallel
 
-from coordinator.assignors.transport import CompactResult, SpecPacker, run_packed
+from coordinator.assignors.transport import (
+    CompactResult,
+    ResidentMiss,
+    SpecPacker,
+    run_packed,
+)
 from coordinator.config import ServerConfig
 from coordinator.core.coordinator import GroupCoordinator
 from coordinator.core.result import AssignorRun, Event, Record, Result, TimerKey, TimerOp, TimerSet
@@ -558,8 +563,8 @@ class Runtime:
                         self._limiter.borrowed_tokens / self._limiter.total_tokens)
                     running = time.perf_counter()
                     try:
-                        packing = self._packer_for(run.group_id).pack_in_steps(assignor,
-                                                                               run.spec)
+                        packer = self._packer_for(run.group_id)
+                        packing = packer.pack_in_steps(assignor, run.spec)
                         while True:
                             try:
                                 next(packing)
@@ -569,10 +574,20 @@ class Runtime:
                             await trio.lowlevel.checkpoint()  # answer heartbeats meanwhile
                         # The core applies the result as the worker sends it: only
                         # the members whose target changed (`CompactResult`).
-                        outcome = await self._worker_context.run_sync(
-                            run_packed, packed,
-                            kill_on_cancel=True, limiter=trio.CapacityLimiter(1),
-                        )
+                        try:
+                            outcome = await self._worker_context.run_sync(
+                                run_packed, packed,
+                                kill_on_cancel=True, limiter=trio.CapacityLimiter(1),
+                            )
+                        except ResidentMiss:
+                            # A worker that did not do the group's last run (new, or it
+                            # went to another): once more, with every set.
+                            log.debug("assignor_run_resent", group=run.group_id,
+                                      run=run.run_id)
+                            outcome = await self._worker_context.run_sync(
+                                run_packed, packer.complete(packed),
+                                kill_on_cancel=True, limiter=trio.CapacityLimiter(1),
+                            )
                     finally:
                         metrics.assignor_run_seconds.labels(run.assignor).observe(
                             time.perf_counter() - running)

@@ -4,11 +4,19 @@ from __future__ import annotations
 
 import pickle
 
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from coordinator.assignors import transport
 from coordinator.assignors.api import AssignmentResult, AssignmentSpec, MemberSpec
 from coordinator.assignors.balanced import BalancedAssignor
 from coordinator.assignors.transport import (
     SHARED_SET_MIN,
+    PackedRun,
+    ResidentMiss,
     SpecPacker,
+    TargetCheck,
     compact,
     expand,
     run_packed,
@@ -39,16 +47,67 @@ def test_a_packed_run_unpacks_to_the_same_spec() -> None:
     assert len(packed.sets) == 2  # each large set once, though the spec names it twice
 
 
-def test_sets_still_in_use_are_not_pickled_again() -> None:
+def travel(packed: PackedRun) -> PackedRun:
+    return pickle.loads(pickle.dumps(packed))  # as trio-parallel sends it
+
+
+def test_sets_still_in_use_are_neither_pickled_nor_sent_again() -> None:
     packer = SpecPacker()
     targets = split(3)
-    packer.pack(BalancedAssignor(), spec_with(targets))
-    assert packer.pickled_sets == 3
+    first = packer.pack(BalancedAssignor(), spec_with(targets))
+    assert packer.pickled_sets == 3 and len(first.sets) == 3 and first.complete
+    unpack(travel(first))  # this process plays the worker that did the first run
     changed = dict(targets, w0=targets["w0"] - {("a", 0)})  # one member's target changes
     assert len(changed["w0"]) >= SHARED_SET_MIN
-    _assignor, copy = unpack(packer.pack(BalancedAssignor(), spec_with(changed)))
+    second = packer.pack(BalancedAssignor(), spec_with(changed))
     assert packer.pickled_sets == 4
+    assert len(second.sets) == 1 and not second.complete  # only w0's new set travels
+    _assignor, copy = unpack(travel(second))
     assert copy.previous_target == changed
+
+
+def test_a_worker_that_did_not_do_the_last_run_asks_for_every_set() -> None:
+    packer = SpecPacker()
+    targets = split(3)
+    unpack(travel(packer.pack(BalancedAssignor(), spec_with(targets))))
+    changed = dict(targets, w1=targets["w1"] - {("b", 0), ("b", 1)})
+    second = packer.pack(BalancedAssignor(), spec_with(changed))
+    transport._RESIDENT.clear()  # another worker process: it holds nothing of this packer
+    with pytest.raises(ResidentMiss):
+        unpack(travel(second))
+    complete = packer.complete(second)
+    assert complete.complete and len(complete.sets) == 3 and packer.completed == 1
+    _assignor, copy = unpack(travel(complete))
+    assert copy == spec_with(changed)
+
+
+def test_serials_of_one_packer_never_resolve_with_another_packers_sets() -> None:
+    one, other = SpecPacker(), SpecPacker()
+    mine, theirs = split(2), split(3)
+    unpack(travel(one.pack(BalancedAssignor(), spec_with(mine))))
+    unpack(travel(other.pack(BalancedAssignor(), spec_with(theirs))))
+    # Both numbered their sets from 0; each run resolves against its own packer's sets.
+    again = one.pack(BalancedAssignor(), spec_with(mine))
+    assert again.sets == ()
+    _assignor, copy = unpack(travel(again))
+    assert copy.previous_target == mine
+
+
+def test_a_worker_forgets_the_least_recently_used_packers_first(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    transport._RESIDENT.clear()
+    monkeypatch.setattr(transport, "RESIDENT_UNITS_MAX", 2 * len(units_of(CONNECTORS)))
+    spec = spec_with(split(2))  # each packer keeps 52 units in the worker
+    packers = [SpecPacker() for _ in range(3)]
+    for packer in packers:
+        unpack(travel(packer.pack(BalancedAssignor(), spec)))
+    assert list(transport._RESIDENT) == [packers[1].token, packers[2].token]
+    unpack(travel(packers[1].pack(BalancedAssignor(), spec)))  # used again
+    packed = packers[0].pack(BalancedAssignor(), spec)
+    with pytest.raises(ResidentMiss):  # packers[0] was forgotten
+        unpack(travel(packed))
+    unpack(travel(packers[0].complete(packed)))
+    assert list(transport._RESIDENT) == [packers[1].token, packers[0].token]
 
 
 def test_a_recycled_id_is_not_mistaken_for_a_known_set() -> None:
@@ -57,9 +116,10 @@ def test_a_recycled_id_is_not_mistaken_for_a_known_set() -> None:
     packer.pack(BalancedAssignor(), spec_with(targets))
     # Pretend w0's set died and another set was born at its address.
     impostor = frozenset(sorted(units_of(CONNECTORS))[:SHARED_SET_MIN])
-    old_bytes = packer._known[id(targets["w0"])][1]
-    packer._known = {id(impostor): (targets["w0"], old_bytes)}
-    _assignor, copy = unpack(packer.pack(BalancedAssignor(), spec_with({"w0": impostor})))
+    _units, old_bytes, serial = packer._known[id(targets["w0"])]
+    packer._known = {id(impostor): (targets["w0"], old_bytes, serial)}
+    packed = packer.pack(BalancedAssignor(), spec_with({"w0": impostor}))
+    _assignor, copy = unpack(packer.complete(packed))
     assert copy.previous_target["w0"] == impostor
 
 
@@ -86,7 +146,52 @@ def test_results_that_break_the_rules_are_not_verified() -> None:
     twice = compact(spec, AssignmentResult({"w0": frozenset({("a", 0)}),
                                             "w1": frozenset({("a", 0)})}))
     unknown = compact(spec, AssignmentResult({"w0": frozenset({("zzz", 0)})}))
-    assert not twice.verified and not unknown.verified
+    beyond = compact(spec, AssignmentResult({"w0": frozenset({("a", 30)})}))
+    below = compact(spec, AssignmentResult({"w0": frozenset({("a", -2)})}))
+    not_int = compact(spec, AssignmentResult({"w0": frozenset({("a", 1.0)})}))
+    not_pair = compact(spec, AssignmentResult({"w0": frozenset({("a", 1, 2)}),
+                                               "w1": frozenset({"a"})}))
+    fine = compact(spec, AssignmentResult({"w0": frozenset({("a", -1), ("a", 29)})}))
+    assert [r.verified for r in (twice, unknown, beyond, below, not_int, not_pair, fine)] == [
+        False, False, False, False, False, False, True]
+
+
+def fully_checked(connectors: dict[str, int], target: dict[str, frozenset[Unit]]) -> bool:
+    """The rule, written the slow way."""
+    everyone = [unit for units in target.values() for unit in units]
+    return len(everyone) == len(set(everyone)) and set(everyone) <= units_of(connectors)
+
+
+@st.composite
+def result_sequences(draw: st.DrawFn) -> list[tuple[dict[str, int], dict[str, frozenset[Unit]]]]:
+    """Results of one group, run after run, with the connectors of each run: members
+    often keep their very set object from the run before (what the check relies on)."""
+    units = st.tuples(st.sampled_from("abcd"), st.integers(-1, 5))
+    steps = []
+    connectors: dict[str, int] = {}
+    target: dict[str, frozenset[Unit]] = {}
+    for _ in range(draw(st.integers(1, 8))):
+        connectors = draw(st.dictionaries(st.sampled_from("abc"), st.integers(0, 5))
+                          | st.just(connectors))
+        following: dict[str, frozenset[Unit]] = {}
+        for member in draw(st.sets(st.sampled_from(["w0", "w1", "w2", "w3"]))):
+            if member in target and draw(st.booleans()):
+                following[member] = target[member]  # the same object
+            else:
+                following[member] = frozenset(draw(st.lists(units, max_size=6)))
+        target = following
+        steps.append((connectors, target))
+    return steps
+
+
+@given(result_sequences())
+def test_the_check_remembers_only_what_makes_it_faster(
+        steps: list[tuple[dict[str, int], dict[str, frozenset[Unit]]]]) -> None:
+    check = TargetCheck()
+    for connectors, target in steps:
+        expected = fully_checked(connectors, target)
+        assert TargetCheck().passes(connectors, dict(target)) == expected
+        assert check.passes(connectors, dict(target)) == expected
 
 
 def test_run_packed_runs_the_assignor() -> None:
