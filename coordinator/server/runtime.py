@@ -41,6 +41,7 @@ import trio_parallel
 
 from coordinator.assignors.transport import (
     CompactResult,
+    PackedRun,
     ResidentMiss,
     SpecPacker,
     run_packed,
@@ -50,6 +51,7 @@ from coordinator.core.coordinator import GroupCoordinator
 from coordinator.core.result import AssignorRun, Event, Record, Result, TimerKey, TimerOp, TimerSet
 from coordinator.core.validation import check_install, install_unit_count
 from coordinator.metrics import Metrics
+from coordinator.server.scheduling import courtesy_pauses
 from protocol.errors import ApiError, ErrorCode
 from protocol.messages import (
     ConnectGroupDescribeResponse,
@@ -232,6 +234,12 @@ MEMBER_PROGRESS_EVENTS = frozenset({"member_reached_epoch", "member_revoking"})
 # Assignor runs are background work: on a busy machine the event loop, which answers
 # heartbeats, should get the CPU first.
 ASSIGNOR_NICENESS = 10
+
+
+def run_in_pool(packed: PackedRun) -> CompactResult:
+    """What a pool process runs: the packed run, pausing now and then for the event loop."""
+    with courtesy_pauses():
+        return run_packed(packed)
 
 
 def lower_priority() -> bool:
@@ -576,7 +584,7 @@ class Runtime:
                         # the members whose target changed (`CompactResult`).
                         try:
                             outcome = await self._worker_context.run_sync(
-                                run_packed, packed,
+                                run_in_pool, packed,
                                 kill_on_cancel=True, limiter=trio.CapacityLimiter(1),
                             )
                         except ResidentMiss:
@@ -585,7 +593,7 @@ class Runtime:
                             log.debug("assignor_run_resent", group=run.group_id,
                                       run=run.run_id)
                             outcome = await self._worker_context.run_sync(
-                                run_packed, packer.complete(packed),
+                                run_in_pool, packer.complete(packed),
                                 kill_on_cancel=True, limiter=trio.CapacityLimiter(1),
                             )
                     finally:

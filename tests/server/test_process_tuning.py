@@ -126,3 +126,52 @@ def test_the_event_loop_thread_asks_for_a_short_cpu_slice() -> None:
     before, taken, after = seen[0]
     assert before is not None and before > EVENT_LOOP_SLICE_NS  # Linux's default slice
     assert taken and after == EVENT_LOOP_SLICE_NS
+
+
+def _spin_with_courtesy_pauses(seconds: float) -> tuple[bool, int]:
+    """Compute for `seconds` inside courtesy_pauses; how many pauses were taken."""
+    import time
+
+    from coordinator.server import scheduling
+
+    before = scheduling.courtesy_pauses_taken
+    with scheduling.courtesy_pauses() as active:
+        deadline = time.perf_counter() + seconds
+        while time.perf_counter() < deadline:
+            pass
+    return active, scheduling.courtesy_pauses_taken - before
+
+
+def test_courtesy_pauses_interrupt_a_computation_and_leave_nothing_behind() -> None:
+    import signal
+    import time
+
+    from coordinator.server import scheduling
+
+    handler = signal.getsignal(signal.SIGALRM)
+    active, taken = _spin_with_courtesy_pauses(0.05)
+    assert active
+    assert taken >= 20  # one every 0.5 ms: about 90 in 50 ms
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+    assert signal.getsignal(signal.SIGALRM) is handler
+    after = scheduling.courtesy_pauses_taken
+    time.sleep(0.01)
+    assert scheduling.courtesy_pauses_taken == after  # the timer is off
+
+
+def test_courtesy_pauses_need_the_main_thread() -> None:
+    outcome: list[tuple[bool, int]] = []
+    thread = threading.Thread(target=lambda: outcome.append(_spin_with_courtesy_pauses(0.01)))
+    thread.start()
+    thread.join()
+    assert outcome == [(False, 0)]
+
+
+async def test_pool_processes_pause_while_they_compute() -> None:
+    import trio_parallel
+
+    from coordinator.server.runtime import lower_priority
+
+    async with trio_parallel.open_worker_context(init=lower_priority) as context:
+        active, taken = await context.run_sync(_spin_with_courtesy_pauses, 0.05)
+    assert active and taken >= 20
