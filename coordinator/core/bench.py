@@ -8,12 +8,21 @@ is called directly (no sockets), with groups of growing size brought to STABLE f
 writes its current assignment and answers with its units. Timed per heartbeat: the core
 step, encoding its records for the log, and encoding the answer, i.e. what the event loop
 spends on it before and after the group commit.
+
+`--pool-run` times an offloaded `balanced` run of a stable group with a connector per member
+(as the heartbeat benchmark's big group) after one task is added, step by step, in this
+process: packing the spec (event loop), the bytes that travel to the
+pool, the pool process's work (`run_packed`) when it did the group's previous run and still
+holds its sets ("warm") and when it holds nothing ("cold": every set sent, unpickled and
+checked, as every run did before pool processes kept them), and the landing
+(`complete_assignor_run`, event loop). Median over rounds.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import pickle
 import statistics
 import time
 from typing import Any
@@ -22,6 +31,7 @@ from coordinator.assignors import load_assignors
 from coordinator.config import ServerConfig
 from coordinator.core.coordinator import GroupCoordinator
 from coordinator.core.group import units_to_wire
+from coordinator.core.result import Result
 from coordinator.storage import encode_records
 from protocol.fastpath import encode_heartbeat_response
 from protocol.messages import ConnectGroupHeartbeatRequest
@@ -29,29 +39,42 @@ from protocol.messages import ConnectGroupHeartbeatRequest
 GROUP = "bench"
 
 
-def stable_group(members: int, tasks_per_member: int = 2) -> tuple[GroupCoordinator, int]:
+def stable_group(members: int, tasks_per_member: int = 2, offload: bool = False,
+                 per_member_connectors: bool = False) -> tuple[GroupCoordinator, int]:
+    """A STABLE group of `members` on `balanced`, running one connector "source" with all
+    the tasks (or, with `per_member_connectors`, connector-0... with `tasks_per_member`
+    tasks each); with `offload`, its runs are offloaded (and landed here, inline)."""
     # Joins within one assignment interval share one assignor run (seed 004's batching).
-    config = ServerConfig(assignment_interval_ms=1_000, assignor_offload_enable=False)
+    config = ServerConfig(assignment_interval_ms=1_000, assignor_offload_enable=offload)
     core = GroupCoordinator(config, load_assignors(config.server_assignors))
     now = 1_000_000
-    core.put_connector(GROUP, "source", members * tasks_per_member, now)
+    connectors = ({f"connector-{index}": tasks_per_member for index in range(members)}
+                  if per_member_connectors else {"source": members * tasks_per_member})
+    for name, tasks in connectors.items():
+        _land_inline(core, core.put_connector(GROUP, name, tasks, now), now)
     for index in range(members):
-        core.heartbeat(ConnectGroupHeartbeatRequest(
+        _land_inline(core, core.heartbeat(ConnectGroupHeartbeatRequest(
             group_id=GROUP, member_id=f"worker-{index}", member_epoch=0,
             worker_url=f"http://worker-{index}:8083", rebalance_timeout_ms=60_000,
-            server_assignor="balanced"), now)
+            server_assignor="balanced"), now), now)
     now += 1_000
-    core.on_timer(("assignment", GROUP, ""), now)
+    _land_inline(core, core.on_timer(("assignment", GROUP, ""), now), now)
     group = core.store.groups[GROUP]
     for _ in range(3):
         for member in list(group.members.values()):
             current = member.current
-            core.heartbeat(ConnectGroupHeartbeatRequest(
+            _land_inline(core, core.heartbeat(ConnectGroupHeartbeatRequest(
                 group_id=GROUP, member_id=member.member_id, member_epoch=current.epoch,
-                owned_connectors_and_tasks=units_to_wire(current.assigned)), now)
+                owned_connectors_and_tasks=units_to_wire(current.assigned)), now), now)
     if group.state != "STABLE":
         raise RuntimeError(f"the group did not reach STABLE ({group.state})")
     return core, now
+
+
+def _land_inline(core: GroupCoordinator, result: Result[Any], now: int) -> None:
+    for run in result.jobs:
+        outcome = core.assignors[run.assignor].assign(run.spec)
+        _land_inline(core, core.complete_assignor_run(run, outcome, now), now)
 
 
 def measure(members: int, heartbeats: int, rounds: int) -> dict[str, Any]:
@@ -109,6 +132,53 @@ def measure_epoch_bump(members: int, tasks_per_member: int, rounds: int) -> dict
     return row
 
 
+def measure_pool_run(members: int, tasks_per_member: int, rounds: int) -> dict[str, Any]:
+    from coordinator.assignors import transport
+
+    # As `bench heartbeats --assignor-load` sets its big group up: a connector per member.
+    core, now = stable_group(members, tasks_per_member, offload=True,
+                             per_member_connectors=True)
+    tasks = tasks_per_member
+    assignor = core.assignors["balanced"]
+    packer = transport.SpecPacker()
+    costs: dict[str, list[float]] = {key: [] for key in (
+        "pack_ms", "sent_kb", "sent_cold_kb", "pool_warm_ms", "pool_cold_ms", "landing_ms")}
+    for round_index in range(rounds + 1):  # the first one fills the packer: not counted
+        tasks += 1
+        now += 1_000
+        (run,) = core.put_connector(GROUP, "connector-0", tasks, now).jobs
+        started = time.perf_counter()
+        packed = packer.pack(assignor, run.spec)
+        packing = time.perf_counter() - started
+        sent = pickle.dumps(packed, transport.PROTOCOL)
+        complete = pickle.dumps(packer.complete(packed), transport.PROTOCOL)
+        transport._RESIDENT.pop(packer.token, None)  # a pool process that holds nothing
+        started = time.perf_counter()
+        transport.run_packed(pickle.loads(complete))
+        cold = time.perf_counter() - started
+        started = time.perf_counter()
+        outcome = transport.run_packed(pickle.loads(sent))  # now it holds the sets
+        warm = time.perf_counter() - started
+        if not outcome.verified:
+            raise RuntimeError("the pool's check did not pass the balanced result")
+        started = time.perf_counter()
+        landed = core.complete_assignor_run(run, outcome, now)
+        landing = time.perf_counter() - started
+        if landed.jobs or not any(record.value is not None for record in landed.records):
+            raise RuntimeError("the run did not land as a new target")
+        if round_index == 0:
+            continue
+        for key, value in (("pack_ms", packing * 1e3), ("sent_kb", len(sent) / 1e3),
+                           ("sent_cold_kb", len(complete) / 1e3),
+                           ("pool_warm_ms", warm * 1e3), ("pool_cold_ms", cold * 1e3),
+                           ("landing_ms", landing * 1e3)):
+            costs[key].append(value)
+    row: dict[str, Any] = {"members": members, "tasks_per_member": tasks_per_member}
+    row.update({key: round(statistics.median(values), 2) for key, values in costs.items()
+                if values})
+    return row
+
+
 def _stable_line(row: dict[str, Any]) -> str:
     return (f"{row['members']:>6} members: {row['median_us']:>6} µs per stable heartbeat "
             f"({row['heartbeats_per_s']:,}/s on one core)")
@@ -118,6 +188,13 @@ def _epoch_bump_line(row: dict[str, Any]) -> str:
     return (f"{row['members']:>6} members x {row['tasks_per_member']} tasks: "
             f"{row['total_us']:>7} us per heartbeat to a new epoch (core {row['core_us']}, "
             f"records {row['records_us']}, answer {row['answer_us']})")
+
+
+def _pool_run_line(row: dict[str, Any]) -> str:
+    return (f"{row['members']:>6} members x {row['tasks_per_member']} tasks: pack "
+            f"{row['pack_ms']} ms, {row['sent_kb']} kB sent ({row['sent_cold_kb']} kB cold), "
+            f"pool {row['pool_warm_ms']} ms ({row['pool_cold_ms']} ms cold), landing "
+            f"{row['landing_ms']} ms")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -130,22 +207,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--epoch-bump", action="store_true",
                         help="time each member's heartbeat after a new target epoch instead")
+    parser.add_argument("--pool-run", action="store_true",
+                        help="time an offloaded run of the group step by step instead")
     parser.add_argument("--tasks-per-member", type=int, default=50,
-                        help="with --epoch-bump (default %(default)s)")
+                        help="with --epoch-bump or --pool-run (default %(default)s)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     if args.rounds < 1 or args.tasks_per_member < 1:
         parser.error("--rounds and --tasks-per-member must be at least 1")
+    if args.epoch_bump and args.pool_run:
+        parser.error("--epoch-bump and --pool-run are two different measurements")
+    special = args.epoch_bump or args.pool_run
     sizes = [int(size) for size in
-             (args.members or ("100,1000" if args.epoch_bump else "10,100,1000,10000"))
-             .split(",")]
+             (args.members or ("100,1000" if special else "10,100,1000,10000")).split(",")]
     if args.epoch_bump:
         rows = [measure_epoch_bump(size, args.tasks_per_member, args.rounds) for size in sizes]
+        line = _epoch_bump_line
+    elif args.pool_run:
+        rows = [measure_pool_run(size, args.tasks_per_member, args.rounds) for size in sizes]
+        line = _pool_run_line
     else:
         rows = [measure(size, args.heartbeats, args.rounds) for size in sizes]
+        line = _stable_line
     if args.json:
         print(json.dumps(rows))
     else:
         for row in rows:
-            print(_epoch_bump_line(row) if args.epoch_bump else _stable_line(row))
+            print(line(row))
     return 0

@@ -1,4 +1,5 @@
-"""A short CPU slice for the event loop's thread (Linux 6.12 and later).
+"""Sharing the CPU with the heartbeats: a short CPU slice for the event loop's thread
+(Linux 6.12 and later), and courtesy pauses for the assignor pool (below).
 
 Linux's EEVDF scheduler lets a running task finish its slice (1.4 ms by default on this
 machine) before a task that wakes up gets the CPU, unless the one waking asks for a
@@ -71,13 +72,14 @@ def request_short_slice(slice_ns: int = EVENT_LOOP_SLICE_NS) -> bool:
     return True
 
 
-# Courtesy pauses for the assignor pool (BENCHMARKS.md, "Pauses in the pool's runs").
-# While a pool process computes, it holds a vCPU without ever leaving it idle, and Linux
-# moves a task that waits for the other vCPU (the event loop, a client) only when a CPU
-# goes idle or at the next periodic balance: on a 2-vCPU machine heartbeats answered during
-# a run waited milliseconds for a CPU, whatever the pool's priority (niceness 10 or
-# SCHED_IDLE alike). Sleeping 50 us every 0.5 ms leaves the vCPU idle often enough for the
-# waiting tasks to be pulled over at once, for 10% more wall-clock time per run.
+# Courtesy pauses for the assignor pool (BENCHMARKS.md, "Pool processes that pause").
+# On a 2-vCPU machine, heartbeats sent while a pool process computed waited milliseconds
+# for a CPU, at either end of the connection, whatever the pool's priority (niceness 10 or
+# SCHED_IDLE alike); with the pool sleeping instead of computing they did not. The likely
+# reason: a CPU that never goes idle does not pull tasks queued on the other one, which
+# then wait for the kernel's next periodic balance. Sleeping 50 us every 0.5 ms lets the
+# pool's CPU go idle that often; it halved the in-flight p99 there, for about 10% more
+# wall-clock time per run.
 COURTESY_EVERY_S = 0.0005
 COURTESY_PAUSE_S = 0.00005
 courtesy_pauses_taken = 0  # in this process (for tests)
