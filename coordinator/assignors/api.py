@@ -1,7 +1,9 @@
 """The server-side assignor interface: a pure function from a spec to a target.
 
 Assignors run inline or in worker processes (trio-parallel), so a spec and a result must
-pickle and an assignor must not touch coordinator state. Third-party assignors register
+pickle and an assignor must not touch coordinator state. In a worker process, a run has
+SIGALRM to itself for its courtesy pauses (`coordinator/server/scheduling.py`): an
+assignor must not set alarms of its own. Third-party assignors register
 under the ``connect_coordinator.assignors`` entry-point group (value: a class or factory
 returning an object with ``name`` and ``assign``).
 """

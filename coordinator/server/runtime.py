@@ -554,6 +554,12 @@ class Runtime:
             packer = self._packers[group_id] = SpecPacker()
         return packer
 
+    async def _in_pool(self, packed: PackedRun) -> CompactResult:
+        assert self._worker_context is not None
+        result: CompactResult = await self._worker_context.run_sync(
+            run_in_pool, packed, kill_on_cancel=True, limiter=trio.CapacityLimiter(1))
+        return result
+
     async def _run_job(self, run: AssignorRun, submitted: float) -> None:
         assignor = self.core.assignors[run.assignor]
         outcome: CompactResult | BaseException
@@ -564,7 +570,6 @@ class Runtime:
         metrics.assignor_runs_in_flight.inc()
         with trio.move_on_after(timeout_s) as scope:
             try:
-                assert self._worker_context is not None
                 async with self._limiter:  # waiting here is queueing for a worker process
                     metrics.assignor_queue_seconds.observe(time.perf_counter() - started)
                     metrics.assignor_pool_busy_ratio.set(
@@ -583,19 +588,13 @@ class Runtime:
                         # The core applies the result as the worker sends it: only
                         # the members whose target changed (`CompactResult`).
                         try:
-                            outcome = await self._worker_context.run_sync(
-                                run_in_pool, packed,
-                                kill_on_cancel=True, limiter=trio.CapacityLimiter(1),
-                            )
+                            outcome = await self._in_pool(packed)
                         except ResidentMiss:
                             # A worker that did not do the group's last run (new, or it
                             # went to another): once more, with every set.
                             log.debug("assignor_run_resent", group=run.group_id,
                                       run=run.run_id)
-                            outcome = await self._worker_context.run_sync(
-                                run_in_pool, packer.complete(packed),
-                                kill_on_cancel=True, limiter=trio.CapacityLimiter(1),
-                            )
+                            outcome = await self._in_pool(packer.complete(packed))
                     finally:
                         metrics.assignor_run_seconds.labels(run.assignor).observe(
                             time.perf_counter() - running)
