@@ -1,9 +1,10 @@
 """Moving assignor runs to a worker process and back with little work on either side.
 
 A spec for 1,000 members and 50,000 units pickles in about 14 ms and a full result unpickles
-in about 12 ms, both on the coordinator's event loop; in the worker, rebuilding the 50,000
-units and checking them took another 25 ms of every run, while the assignor itself takes 6.
-Between two runs of a group most members' targets are the same frozenset objects, so:
+in about 12 ms, both on the coordinator's event loop; in the worker, a run that unpickles
+every set and checks every unit costs 24-27 ms, one that does neither 8.5-9.5 ms
+(`bench core --pool-run`). Between two runs of a group most members' targets are the same
+frozenset objects, so:
 
 * :class:`SpecPacker` pickles each large target set once and reuses the bytes while the set
   lives on. The spec itself travels as plain tuples that name those sets by serial number
@@ -48,8 +49,9 @@ SHARED_SET_MIN = 16
 PACK_STEP_MEMBERS = 250
 PROTOCOL = pickle.HIGHEST_PROTOCOL
 # What a worker process keeps between runs, all packers together, counted in units (a
-# unit costs about 200 bytes there, with its place in a TargetCheck): the packers used
-# least recently are forgotten first, and the last one is always kept.
+# unit costs about 220 bytes there with its place in a TargetCheck: 11 MB for 51,000,
+# measured with tracemalloc): the packers used least recently are forgotten first, and
+# the last one is always kept.
 RESIDENT_UNITS_MAX = 500_000
 
 
@@ -239,11 +241,9 @@ def _unpack(packed: PackedRun) -> tuple[ServerAssignor, AssignmentSpec, _Residen
             return ref
         found = used.get(ref)
         if found is None:
-            found = fresh.get(ref)
+            found = fresh[ref] if ref in fresh else held.get(ref)
             if found is None:
-                found = held.get(ref)
-                if found is None:
-                    raise ResidentMiss(f"set {ref} of packer {packed.packer} is not here")
+                raise ResidentMiss(f"set {ref} of packer {packed.packer} is not here")
             used[ref] = found
         return found
 

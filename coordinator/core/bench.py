@@ -27,7 +27,7 @@ import statistics
 import time
 from typing import Any
 
-from coordinator.assignors import load_assignors
+from coordinator.assignors import load_assignors, transport
 from coordinator.config import ServerConfig
 from coordinator.core.coordinator import GroupCoordinator
 from coordinator.core.group import units_to_wire
@@ -133,8 +133,6 @@ def measure_epoch_bump(members: int, tasks_per_member: int, rounds: int) -> dict
 
 
 def measure_pool_run(members: int, tasks_per_member: int, rounds: int) -> dict[str, Any]:
-    from coordinator.assignors import transport
-
     # As `bench heartbeats --assignor-load` sets its big group up: a connector per member.
     core, now = stable_group(members, tasks_per_member, offload=True,
                              per_member_connectors=True)
@@ -174,8 +172,7 @@ def measure_pool_run(members: int, tasks_per_member: int, rounds: int) -> dict[s
                            ("landing_ms", landing * 1e3)):
             costs[key].append(value)
     row: dict[str, Any] = {"members": members, "tasks_per_member": tasks_per_member}
-    row.update({key: round(statistics.median(values), 2) for key, values in costs.items()
-                if values})
+    row.update({key: round(statistics.median(values), 2) for key, values in costs.items()})
     return row
 
 
