@@ -1,21 +1,19 @@
 """Moving assignor runs to a worker process and back with little work on either side.
 
 A spec for 1,000 members and 50,000 units pickles in about 14 ms and a full result unpickles
-in about 12 ms, both on the coordinator's event loop; in the worker, a run that unpickles
-every set and checks every unit costs 24-27 ms, one that does neither 8.5-9.5 ms
-(`bench core --pool-run`). Between two runs of a group most members' targets are the same
-frozenset objects, so:
+in about 12 ms, both on the coordinator's event loop, and between two runs of a group
+little of either changes. So:
 
-* :class:`SpecPacker` pickles each large target set once and reuses the bytes while the set
-  lives on. The spec itself travels as plain tuples that name those sets by serial number
-  (for 1,000 members, 1.2 ms on the event loop; pickling the `MemberSpec` dataclasses
-  through a `persistent_id` hook, which pickle asks about each of the spec's ~14,000
-  objects, took 3.5 ms);
-* a worker process keeps the sets of the last run it did for each packer (`_RESIDENT`), so
-  a run carries only the sets that are new since the packer's previous run. A worker that
-  does not hold one of them (it is new, or that run went to another worker) raises
-  :class:`ResidentMiss`, and the runtime sends the run again with every set
-  (:meth:`SpecPacker.complete`);
+* a worker process keeps the spec of the last run it did for each :class:`SpecPacker` (one
+  per group: `_RESIDENT`), and a run carries only what differs from the packer's previous
+  run: the members whose :class:`MemberSpec` is another object, the previous-target entries
+  that are other sets, the connectors whose task count changed, and the keys that went.
+  The packer finds them by identity (the core keeps a member's `MemberSpec` and target set
+  while they do not change), in time proportional to the group but at C speed or close;
+* a worker that does not hold that previous run (it is new, the run went to another
+  worker, or it forgot the packer) raises :class:`ResidentMiss`, and the runtime packs the
+  run again whole: in steps of about PACK_STEP_UNITS units, each pickled on its own, so the
+  event loop answers heartbeats in between;
 * :func:`run_packed` (in the worker process) unpacks the spec, runs the assignor, checks the
   result (every unit known to the spec and given at most once; :class:`TargetCheck` does it
   in time proportional to what changed since the last result it checked for that packer)
@@ -32,7 +30,6 @@ import os
 import pickle
 from collections.abc import Generator, Mapping
 from dataclasses import dataclass, field
-from itertools import islice
 from typing import Any
 
 from coordinator.assignors.api import (
@@ -43,9 +40,10 @@ from coordinator.assignors.api import (
 )
 from coordinator.units import CONNECTOR, Unit
 
-# Sets smaller than this are pickled inline: a serial number would cost more than it saves.
-SHARED_SET_MIN = 16
-# Members packed between two yields of `pack_in_steps`: about 0.3 ms on the event loop.
+# A run packed whole is pickled in pieces of about this many units (and at most
+# PACK_STEP_MEMBERS members), each between two yields of `pack_in_steps`: about 0.3 ms of
+# the event loop's time each.
+PACK_STEP_UNITS = 1_000
 PACK_STEP_MEMBERS = 250
 PROTOCOL = pickle.HIGHEST_PROTOCOL
 # What a worker process keeps between runs, all packers together, counted in units (a
@@ -57,10 +55,15 @@ RESIDENT_UNITS_MAX = 500_000
 
 @dataclass(frozen=True, slots=True)
 class PackedRun:
-    payload: bytes  # the pickled assignor and spec fields as tuples, large sets by serial
-    sets: tuple[tuple[int, bytes], ...]  # (serial, pickled set) the worker may not hold
-    packer: str = ""  # the SpecPacker that numbered the sets
-    complete: bool = True  # `sets` holds every set the payload names
+    # The pickled assignor, the spec's scalar fields, the connectors (those that changed
+    # since run `base`, or all) and the keys gone since `base`.
+    header: bytes
+    # Pickled (members, previous target entries) pieces: those that are new since `base`,
+    # or every one.
+    pieces: tuple[bytes, ...]
+    packer: str = ""  # the SpecPacker's token
+    run: int = 0  # the packer's number for this run
+    base: int | None = None  # the run this one is told against; None: packed whole
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +71,9 @@ class CompactResult:
     """An AssignmentResult as the worker sends it back."""
 
     changed: dict[str, frozenset[Unit]]  # members whose target differs from the previous
-    unchanged: tuple[str, ...]  # members whose target is exactly their previous one
+    # Members whose target is exactly their previous one; None when they are all the
+    # spec's members not in `changed` (the result names every member and no one else).
+    unchanged: tuple[str, ...] | None
     state: bytes = b""
     rerun_at_ms: int | None = None
     extra: dict[str, object] = field(default_factory=dict)
@@ -78,47 +83,34 @@ class CompactResult:
 
 
 class ResidentMiss(Exception):
-    """Raised in a worker process that does not hold a set a packed run names by serial."""
+    """Raised in a worker process that does not hold the run a packed run is told against."""
 
 
-# One set the packer has pickled: the set, its bytes and its serial number.
-_Known = tuple[frozenset[Unit], bytes, int]
+# The spec of a packer's last run: its members, previous target and connectors.
+_Base = tuple[Mapping[str, MemberSpec], Mapping[str, frozenset[Unit]], Mapping[str, int]]
+# A piece of a packed run: members as field tuples, then previous-target entries.
+_Piece = tuple[list[tuple[Any, ...]], list[tuple[str, frozenset[Unit]]]]
 
 
 class SpecPacker:
-    """Pickles one group's assignor runs, keeping the bytes of large sets still in use and
-    numbering them, so that a worker that did the previous run is sent only the new ones."""
+    """Packs one group's assignor runs, each as the difference from the one before, for
+    the worker process that did that one (`ResidentMiss` when it did not)."""
 
     def __init__(self) -> None:
-        self.token = os.urandom(8).hex()  # serials are this packer's: never mixed up
-        self._known: dict[int, _Known] = {}  # by id(), the sets of the last packed run
-        self._used: dict[int, _Known] = {}
-        self._held: frozenset[int] = frozenset()  # serials a worker holds after that run
-        self._next_serial = 0
-        self.pickled_sets = 0  # sets that had to be pickled (for tests and benchmarks)
-        self.completed = 0  # runs sent again with every set, after a ResidentMiss
+        self.token = os.urandom(8).hex()  # run numbers are this packer's: never mixed up
+        self._runs = 0
+        self._base: tuple[int, _Base] | None = None  # the last run packed, by number
+        self._returned: tuple[int, bytes] | None = None  # a run's number and state returned
+        self.whole = 0  # runs packed whole (for tests and benchmarks)
 
-    def _entry(self, units: frozenset[Unit]) -> _Known:
-        key = id(units)
-        entry = self._known.get(key)
-        # The object must be the same, not just the id: ids are reused after death.
-        if entry is None or entry[0] is not units:
-            entry = (units, pickle.dumps(units, PROTOCOL), self._next_serial)
-            self._next_serial += 1
-            self.pickled_sets += 1
-        self._used[key] = entry
-        return entry
+    def returned(self, packed: PackedRun, result: CompactResult) -> None:
+        """A run came back from its worker, which keeps the state it returned."""
+        self._returned = (packed.run, result.state)
 
-    def _ref(self, units: Any) -> Any:
-        """A large frozenset by serial (an int), anything else as it is."""
-        if type(units) is frozenset and len(units) >= SHARED_SET_MIN:
-            entry = self._used.get(id(units))
-            return (entry if entry is not None else self._entry(units))[2]
-        return units
-
-    def pack(self, assignor: ServerAssignor, spec: AssignmentSpec) -> PackedRun:
+    def pack(self, assignor: ServerAssignor, spec: AssignmentSpec,
+             whole: bool = False) -> PackedRun:
         """`pack_in_steps` all at once."""
-        steps = self.pack_in_steps(assignor, spec)
+        steps = self.pack_in_steps(assignor, spec, whole)
         while True:
             try:
                 next(steps)
@@ -126,43 +118,101 @@ class SpecPacker:
                 packed: PackedRun = done.value
                 return packed
 
-    def pack_in_steps(self, assignor: ServerAssignor, spec: AssignmentSpec
-                      ) -> Generator[None, None, PackedRun]:
-        """Pack a run, yielding after every `PACK_STEP_MEMBERS` members (the packed run is
-        the generator's return value): the event loop answers heartbeats in between
-        instead of after a millisecond and more for a big group. The spec is the run's own
+    def pack_in_steps(self, assignor: ServerAssignor, spec: AssignmentSpec,
+                      whole: bool = False) -> Generator[None, None, PackedRun]:
+        """Pack a run (the generator's return value) against the previous one, or
+        `whole`: for a worker that raised ResidentMiss. Packing whole yields after every
+        piece, so the event loop answers heartbeats in between. The spec is the run's own
         and does not change meanwhile; one packer packs one run at a time."""
-        self._used = {}
-        ref = self._ref
-        members: list[tuple[Any, ...]] = []
-        entries = iter(spec.members.items())
-        while chunk := list(islice(entries, PACK_STEP_MEMBERS)):
-            members += [(key, m.member_id, m.instance_id, m.worker_url, ref(m.current_target),
-                         m.metadata) for key, m in chunk]
-            yield
-        previous: list[tuple[str, Any]] = []
-        targets = iter(spec.previous_target.items())
-        while part := list(islice(targets, PACK_STEP_MEMBERS * 2)):
-            previous += [(key, ref(units)) for key, units in part]
-            yield
-        payload = pickle.dumps(
-            (assignor, spec.group_id, tuple(members), spec.connectors, tuple(previous),
-             spec.previous_state, spec.now_ms, spec.scheduled_rebalance_max_delay_ms), PROTOCOL)
-        held = self._held
-        # Keep only what this spec used: the sets of the next spec are mostly these.
-        self._known = self._used
-        self._held = frozenset(serial for _units, _blob, serial in self._known.values())
-        fresh = tuple((serial, blob) for _units, blob, serial in self._known.values()
-                      if serial not in held)
-        return PackedRun(payload, fresh, self.token, complete=not held)
+        base, self._base = (None if whole else self._base), None  # none if this fails
+        self._runs += 1
+        members, previous, connectors = spec.members, spec.previous_target, spec.connectors
+        if base is None:
+            self.whole += 1
+            pieces = yield from _whole_pieces(members, previous)
+            gone_members: list[str] = []
+            gone_previous: list[str] = []
+            connectors_sent: Mapping[str, int] = connectors
+            gone_connectors: list[str] = []
+        else:
+            last_members, last_previous, last_connectors = base[1]
+            changed_members = {key: m for key, m in members.items()
+                               if last_members.get(key) is not m}
+            changed_previous = {key: units for key, units in previous.items()
+                                if last_previous.get(key) is not units}
+            piece: _Piece = ([_member_fields(key, m) for key, m in changed_members.items()],
+                             list(changed_previous.items()))
+            pieces = [pickle.dumps(piece, PROTOCOL)]
+            connectors_sent = {name: tasks for name, tasks in connectors.items()
+                               if last_connectors.get(name) != tasks}
+            gone_members = _gone(members, last_members, changed_members)
+            gone_previous = _gone(previous, last_previous, changed_previous)
+            gone_connectors = _gone(connectors, last_connectors, connectors_sent)
+        # The assignor's state (50 kB for `balanced` at 1,000 members) mostly is what the
+        # worker's last run returned: then it stays there.
+        state: bytes | None = spec.previous_state
+        if base is not None and self._returned is not None and self._returned[0] == base[0] \
+                and state is self._returned[1]:
+            state = None
+        header = pickle.dumps(
+            (assignor, spec.group_id, connectors_sent, gone_members, gone_previous,
+             gone_connectors, state, spec.now_ms, spec.scheduled_rebalance_max_delay_ms),
+            PROTOCOL)
+        self._base = (self._runs, (members, previous, connectors))
+        return PackedRun(header, tuple(pieces), self.token, self._runs,
+                         None if base is None else base[0])
 
-    def complete(self, packed: PackedRun) -> PackedRun:
-        """The run just packed, with every set it names: for a worker that raised
-        ResidentMiss."""
-        self.completed += 1
-        return PackedRun(packed.payload,
-                         tuple((serial, blob) for _units, blob, serial in self._known.values()),
-                         packed.packer, complete=True)
+
+def _member_fields(key: str, member: MemberSpec) -> tuple[Any, ...]:
+    return (key, member.member_id, member.instance_id, member.worker_url,
+            member.current_target, member.metadata)
+
+
+def _gone(now: Mapping[str, Any], last: Mapping[str, Any], changed: Mapping[str, Any]
+          ) -> list[str]:
+    """The keys of `last` that `now` lacks, given the entries of `now` that differ from
+    `last`'s: without a scan when those account for every key."""
+    added = sum(1 for key in changed if key not in last)
+    if len(last) == len(now) - added:
+        return []
+    return [key for key in last if key not in now]
+
+
+def _whole_pieces(members: Mapping[str, MemberSpec],
+                  previous: Mapping[str, frozenset[Unit]]) -> Generator[None, None, list[bytes]]:
+    """Every member and previous-target entry, pickled in pieces. A member's previous
+    target goes in its own piece: it is mostly the same set as its current target, which
+    pickle then writes once."""
+    pieces: list[bytes] = []
+    piece: _Piece = ([], [])
+    units = 0
+
+    def flush() -> None:
+        nonlocal piece, units
+        pieces.append(pickle.dumps(piece, PROTOCOL))
+        piece, units = ([], []), 0
+
+    for key, member in members.items():
+        piece[0].append(_member_fields(key, member))
+        units += len(member.current_target)
+        before = previous.get(key)
+        if before is not None:
+            piece[1].append((key, before))
+            if before is not member.current_target:
+                units += len(before)
+        if units >= PACK_STEP_UNITS or len(piece[0]) >= PACK_STEP_MEMBERS:
+            flush()
+            yield
+    for key, before in previous.items():
+        if key not in members:  # a departed member's part
+            piece[1].append((key, before))
+            units += len(before)
+            if units >= PACK_STEP_UNITS or len(piece[1]) >= PACK_STEP_MEMBERS:
+                flush()
+                yield
+    if piece[0] or piece[1] or not pieces:
+        flush()
+    return pieces
 
 
 class TargetCheck:
@@ -221,9 +271,13 @@ class TargetCheck:
 class _Resident:
     """What a worker process keeps of one packer's last run."""
 
-    sets: dict[int, frozenset[Unit]]
+    run: int
+    members: dict[str, MemberSpec]
+    previous: dict[str, frozenset[Unit]]
+    connectors: dict[str, int]
     check: TargetCheck
     units: int
+    returned: bytes | None = None  # the state the assignor returned in that run
 
 
 # In each worker process: by packer token, least recently used first.
@@ -232,40 +286,51 @@ _RESIDENT: dict[str, _Resident] = {}
 
 def _unpack(packed: PackedRun) -> tuple[ServerAssignor, AssignmentSpec, _Resident]:
     resident = _RESIDENT.pop(packed.packer, None)
-    held = resident.sets if resident is not None else {}
-    fresh = {serial: pickle.loads(blob) for serial, blob in packed.sets}
-    used: dict[int, frozenset[Unit]] = {}
-
-    def units(ref: Any) -> Any:
-        if type(ref) is not int:
-            return ref
-        found = used.get(ref)
-        if found is None:
-            found = fresh[ref] if ref in fresh else held.get(ref)
-            if found is None:
-                raise ResidentMiss(f"set {ref} of packer {packed.packer} is not here")
-            used[ref] = found
-        return found
-
-    (assignor, group_id, members, connectors, previous, previous_state, now_ms,
-     delay_ms) = pickle.loads(packed.payload)
+    if packed.base is not None and (resident is None or resident.run != packed.base):
+        raise ResidentMiss(f"run {packed.base} of packer {packed.packer} is not here")
+    (assignor, group_id, connectors_sent, gone_members, gone_previous, gone_connectors,
+     previous_state, now_ms, delay_ms) = pickle.loads(packed.header)
+    if previous_state is None:  # the state this worker's run `base` returned
+        if resident is None or resident.returned is None:
+            raise ResidentMiss(f"the state of run {packed.base} of packer {packed.packer} "
+                               "is not here")
+        previous_state = resident.returned
+    if packed.base is None or resident is None:
+        members: dict[str, MemberSpec] = {}
+        previous: dict[str, frozenset[Unit]] = {}
+        connectors: dict[str, int] = {}
+    else:  # copies: the spec handed to the assignor is this run's alone
+        members, previous = dict(resident.members), dict(resident.previous)
+        connectors = dict(resident.connectors)
+        for key in gone_members:
+            del members[key]
+        for key in gone_previous:
+            del previous[key]
+        for name in gone_connectors:
+            del connectors[name]
+    connectors.update(connectors_sent)
+    for piece in packed.pieces:
+        member_fields, previous_entries = pickle.loads(piece)
+        for key, member_id, instance_id, worker_url, target, metadata in member_fields:
+            members[key] = MemberSpec(member_id, instance_id, worker_url, target, metadata)
+        previous.update(previous_entries)
     spec = AssignmentSpec(
         group_id=group_id,
-        members={key: MemberSpec(member_id, instance_id, worker_url, units(target), metadata)
-                 for key, member_id, instance_id, worker_url, target, metadata in members},
+        members=members,
         connectors=connectors,
-        previous_target={key: units(ref) for key, ref in previous},
+        previous_target=previous,
         previous_state=previous_state,
         now_ms=now_ms,
         scheduled_rebalance_max_delay_ms=delay_ms,
     )
-    resident = _Resident(used, resident.check if resident is not None else TargetCheck(),
-                         sum(map(len, used.values())))
-    _RESIDENT[packed.packer] = resident
-    total = sum(kept.units for kept in _RESIDENT.values())
+    kept = _Resident(packed.run, members, previous, connectors,
+                     resident.check if resident is not None else TargetCheck(),
+                     sum(map(len, previous.values())))
+    _RESIDENT[packed.packer] = kept
+    total = sum(other.units for other in _RESIDENT.values())
     while total > RESIDENT_UNITS_MAX and len(_RESIDENT) > 1:
         total -= _RESIDENT.pop(next(iter(_RESIDENT))).units
-    return assignor, spec, resident
+    return assignor, spec, kept
 
 
 def unpack(packed: PackedRun) -> tuple[ServerAssignor, AssignmentSpec]:
@@ -278,32 +343,45 @@ def compact(spec: AssignmentSpec, result: AssignmentResult,
             check: TargetCheck | None = None) -> CompactResult:
     """The result as the members whose target changed, checked (by `check` when given:
     the one that passed the group's previous result)."""
-    previous = spec.previous_target
+    previous, members = spec.previous_target, spec.members
     target = {member_id: frozenset(units) for member_id, units in result.target.items()}
     changed: dict[str, frozenset[Unit]] = {}
     unchanged: list[str] = []
-    listed = 0
+    listed = members_listed = 0
     for member_id, units in target.items():
         listed += len(units)
+        members_listed += member_id in members
         before = previous.get(member_id)
         if before is units or before == units:
             unchanged.append(member_id)
         else:
             changed[member_id] = units
     verified = (check if check is not None else TargetCheck()).passes(spec.connectors, target)
-    return CompactResult(changed, tuple(unchanged), result.state, result.rerun_at_ms,
-                         dict(result.extra), verified, listed)
+    every_member = members_listed == len(target) == len(members)
+    return CompactResult(changed, None if every_member else tuple(unchanged), result.state,
+                         result.rerun_at_ms, dict(result.extra), verified, listed)
+
+
+def unchanged_members(spec: AssignmentSpec, result: CompactResult) -> list[str] | tuple[str, ...]:
+    """The members a compact result leaves with the target they had."""
+    if result.unchanged is not None:
+        return result.unchanged
+    changed = result.changed
+    return [member_id for member_id in spec.members if member_id not in changed]
 
 
 def run_packed(packed: PackedRun) -> CompactResult:
     """Executed in a worker process: unpack, assign, check and compact."""
     assignor, spec, resident = _unpack(packed)
-    return compact(spec, assignor.assign(spec), resident.check)
+    result = compact(spec, assignor.assign(spec), resident.check)
+    resident.returned = result.state
+    return result
 
 
 def expand(spec: AssignmentSpec, result: CompactResult) -> AssignmentResult:
     """The full result again, with the spec's own set objects for unchanged members."""
     target: dict[str, frozenset[Unit]] = {
-        member_id: spec.previous_target[member_id] for member_id in result.unchanged}
+        member_id: spec.previous_target[member_id]
+        for member_id in unchanged_members(spec, result)}
     target.update(result.changed)
     return AssignmentResult(target, result.state, result.rerun_at_ms, result.extra)

@@ -872,15 +872,18 @@ class GroupCoordinator:
                 parts[member_id] = TargetPart(member_units)
             else:  # not a member (the assignor named someone else): dropped
                 assigned -= len(member_units)
-        kept = len(changes.unchanged)
-        for member_id in [m for m in changes.unchanged if m not in members]:
-            assigned -= len(run.spec.previous_target[member_id])
-            kept -= 1
-        if kept + len(parts) < len(members):  # members the result leaves out get nothing
-            listed = set(changes.changed).union(changes.unchanged)
-            for member_id in members:
-                if member_id not in listed:
-                    parts[member_id] = EMPTY_TARGET
+        unchanged = changes.unchanged
+        # None: the result names every member and no one else (the group has the spec's).
+        if unchanged is not None:
+            kept = len(unchanged)
+            for member_id in [m for m in unchanged if m not in members]:
+                assigned -= len(run.spec.previous_target[member_id])
+                kept -= 1
+            if kept + len(parts) < len(members):  # members the result leaves out get nothing
+                listed = set(changes.changed).union(unchanged)
+                for member_id in members:
+                    if member_id not in listed:
+                        parts[member_id] = EMPTY_TARGET
         group_id = group.group_id
         # In the members' order, as `_install_target` writes them.
         for member_id in [m for m in members if m in parts] if len(parts) > 1 else parts:

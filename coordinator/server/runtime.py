@@ -39,6 +39,7 @@ import structlog
 import trio
 import trio_parallel
 
+from coordinator.assignors.api import AssignmentSpec, ServerAssignor
 from coordinator.assignors.transport import (
     CompactResult,
     PackedRun,
@@ -240,6 +241,19 @@ def run_in_pool(packed: PackedRun) -> CompactResult:
     """What a pool process runs: the packed run, pausing now and then for the event loop."""
     with courtesy_pauses():
         return run_packed(packed)
+
+
+async def _pack(packer: SpecPacker, assignor: ServerAssignor, spec: AssignmentSpec,
+                whole: bool) -> PackedRun:
+    """`SpecPacker.pack_in_steps`, answering heartbeats between the steps."""
+    steps = packer.pack_in_steps(assignor, spec, whole)
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            packed: PackedRun = done.value
+            return packed
+        await trio.lowlevel.checkpoint()
 
 
 def lower_priority() -> bool:
@@ -577,24 +591,19 @@ class Runtime:
                     running = time.perf_counter()
                     try:
                         packer = self._packer_for(run.group_id)
-                        packing = packer.pack_in_steps(assignor, run.spec)
-                        while True:
-                            try:
-                                next(packing)
-                            except StopIteration as done:
-                                packed = done.value
-                                break
-                            await trio.lowlevel.checkpoint()  # answer heartbeats meanwhile
+                        packed = await _pack(packer, assignor, run.spec, whole=False)
                         # The core applies the result as the worker sends it: only
                         # the members whose target changed (`CompactResult`).
                         try:
                             outcome = await self._in_pool(packed)
                         except ResidentMiss:
                             # A worker that did not do the group's last run (new, or it
-                            # went to another): once more, with every set.
+                            # went to another): once more, packed whole.
                             log.debug("assignor_run_resent", group=run.group_id,
                                       run=run.run_id)
-                            outcome = await self._in_pool(packer.complete(packed))
+                            packed = await _pack(packer, assignor, run.spec, whole=True)
+                            outcome = await self._in_pool(packed)
+                        packer.returned(packed, outcome)
                     finally:
                         metrics.assignor_run_seconds.labels(run.assignor).observe(
                             time.perf_counter() - running)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+from dataclasses import replace
 
 import pytest
 from hypothesis import assume, given, settings
@@ -12,7 +13,7 @@ from coordinator.assignors import transport
 from coordinator.assignors.api import AssignmentResult, AssignmentSpec, MemberSpec
 from coordinator.assignors.balanced import BalancedAssignor
 from coordinator.assignors.transport import (
-    SHARED_SET_MIN,
+    CompactResult,
     PackedRun,
     ResidentMiss,
     SpecPacker,
@@ -20,6 +21,7 @@ from coordinator.assignors.transport import (
     compact,
     expand,
     run_packed,
+    unchanged_members,
     unpack,
 )
 from coordinator.units import Unit, units_of
@@ -39,63 +41,114 @@ def split(count: int) -> dict[str, frozenset[Unit]]:
     return {f"w{i}": frozenset(ordered[i::count]) for i in range(count)}
 
 
-def test_a_packed_run_unpacks_to_the_same_spec() -> None:
-    spec = spec_with(split(2))
-    packed = SpecPacker().pack(BalancedAssignor(), spec)
-    assignor, copy = unpack(pickle.loads(pickle.dumps(packed)))
-    assert copy == spec and isinstance(assignor, BalancedAssignor)
-    assert len(packed.sets) == 2  # each large set once, though the spec names it twice
+@pytest.fixture(autouse=True)
+def a_fresh_worker() -> None:
+    transport._RESIDENT.clear()  # this process plays the pool process
 
 
 def travel(packed: PackedRun) -> PackedRun:
     return pickle.loads(pickle.dumps(packed))  # as trio-parallel sends it
 
 
-def test_sets_still_in_use_are_neither_pickled_nor_sent_again() -> None:
+def run_in_worker(packer: SpecPacker, packed: PackedRun, answered: bool = True
+                  ) -> CompactResult:
+    result: CompactResult = pickle.loads(pickle.dumps(run_packed(travel(packed))))
+    if answered:
+        packer.returned(packed, result)  # as the runtime does when a run comes back
+    return result
+
+
+def test_a_packed_run_unpacks_to_the_same_spec() -> None:
+    spec = spec_with(split(2))
+    packed = SpecPacker().pack(BalancedAssignor(), spec)
+    assert packed.base is None
+    assignor, copy = unpack(travel(packed))
+    assert copy == spec and isinstance(assignor, BalancedAssignor)
+    # A member's target and its previous target were one set, and still are.
+    assert all(copy.members[m].current_target is copy.previous_target[m] for m in spec.members)
+
+
+def test_a_run_carries_only_what_changed_since_the_last() -> None:
     packer = SpecPacker()
     targets = split(3)
-    first = packer.pack(BalancedAssignor(), spec_with(targets))
-    assert packer.pickled_sets == 3 and len(first.sets) == 3 and first.complete
-    unpack(travel(first))  # this process plays the worker that did the first run
-    changed = dict(targets, w0=targets["w0"] - {("a", 0)})  # one member's target changes
-    assert len(changed["w0"]) >= SHARED_SET_MIN
-    second = packer.pack(BalancedAssignor(), spec_with(changed))
-    assert packer.pickled_sets == 4
-    assert len(second.sets) == 1 and not second.complete  # only w0's new set travels
+    first_spec = spec_with(targets)
+    first = packer.pack(BalancedAssignor(), first_spec)
+    result = run_in_worker(packer, first)
+    # w0's target changes; w1 and w2 keep their MemberSpec and sets; the state is the one
+    # the worker returned.
+    changed = dict(targets, w0=targets["w0"] - {("a", 0)})
+    members = dict(first_spec.members, w0=MemberSpec("w0", None, "http://w0:8083",
+                                                     changed["w0"]))
+    second_spec = replace(first_spec, members=members, previous_target=changed,
+                          previous_state=result.state)
+    second = packer.pack(BalancedAssignor(), second_spec)
+    assert (second.base, second.run) == (first.run, first.run + 1)
+    (piece,) = second.pieces
+    member_fields, previous_entries = pickle.loads(piece)
+    assert [fields[0] for fields in member_fields] == ["w0"]
+    assert [key for key, _units in previous_entries] == ["w0"]
+    header = pickle.loads(second.header)
+    assert header[2] == {} and header[6] is None  # no connector changed; the state stays
     _assignor, copy = unpack(travel(second))
-    assert copy.previous_target == changed
+    assert copy == second_spec and packer.whole == 1
 
 
-def test_a_worker_that_did_not_do_the_last_run_asks_for_every_set() -> None:
+def test_a_worker_that_did_not_do_the_last_run_asks_for_it_whole() -> None:
     packer = SpecPacker()
     targets = split(3)
-    unpack(travel(packer.pack(BalancedAssignor(), spec_with(targets))))
-    changed = dict(targets, w1=targets["w1"] - {("b", 0), ("b", 1)})
-    second = packer.pack(BalancedAssignor(), spec_with(changed))
+    run_in_worker(packer, packer.pack(BalancedAssignor(), spec_with(targets)))
+    changed = spec_with(dict(targets, w1=targets["w1"] - {("b", 0), ("b", 1)}))
+    second = packer.pack(BalancedAssignor(), changed)
     transport._RESIDENT.clear()  # another worker process: it holds nothing of this packer
     with pytest.raises(ResidentMiss):
         unpack(travel(second))
-    complete = packer.complete(second)
-    assert complete.complete and len(complete.sets) == 3 and packer.completed == 1
-    _assignor, copy = unpack(travel(complete))
-    assert copy == spec_with(changed)
+    whole = packer.pack(BalancedAssignor(), changed, whole=True)
+    assert whole.base is None and packer.whole == 2
+    _assignor, copy = unpack(travel(whole))
+    assert copy == changed
+    # The next run is told against the whole one, which this worker now holds.
+    third = packer.pack(BalancedAssignor(), spec_with(split(2)))
+    assert third.base == whole.run
+    _assignor, copy = unpack(travel(third))
+    assert copy == spec_with(split(2))
 
 
-def test_serials_of_one_packer_never_resolve_with_another_packers_sets() -> None:
+def test_a_worker_behind_by_a_run_asks_for_it_whole() -> None:
+    packer = SpecPacker()
+    run_in_worker(packer, packer.pack(BalancedAssignor(), spec_with(split(3))))
+    packer.pack(BalancedAssignor(), spec_with(split(2)))  # went to another worker
+    third = packer.pack(BalancedAssignor(), spec_with(split(4)))
+    with pytest.raises(ResidentMiss):
+        unpack(travel(third))
+
+
+def test_the_state_stays_only_with_the_worker_that_returned_it() -> None:
+    packer = SpecPacker()
+    spec = spec_with(split(2))
+    result = run_in_worker(packer, packer.pack(BalancedAssignor(), spec))
+    told = packer.pack(BalancedAssignor(), replace(spec, previous_state=result.state))
+    assert pickle.loads(told.header)[6] is None  # not sent: the worker has it
+    _assignor, copy = unpack(travel(told))
+    assert copy.previous_state == result.state
+    # Another state object (the group's target came from elsewhere): it travels.
+    other = packer.pack(BalancedAssignor(), replace(spec, previous_state=bytes(result.state)))
+    assert pickle.loads(other.header)[6] == result.state
+    _assignor, copy = unpack(travel(other))
+    assert copy.previous_state == result.state
+
+
+def test_run_numbers_of_one_packer_never_resolve_with_another_packers_runs() -> None:
     one, other = SpecPacker(), SpecPacker()
-    mine, theirs = split(2), split(3)
-    unpack(travel(one.pack(BalancedAssignor(), spec_with(mine))))
-    unpack(travel(other.pack(BalancedAssignor(), spec_with(theirs))))
-    # Both numbered their sets from 0; each run resolves against its own packer's sets.
-    again = one.pack(BalancedAssignor(), spec_with(mine))
-    assert again.sets == ()
-    _assignor, copy = unpack(travel(again))
-    assert copy.previous_target == mine
+    mine, theirs = spec_with(split(2)), spec_with(split(3))
+    unpack(travel(one.pack(BalancedAssignor(), mine)))
+    unpack(travel(other.pack(BalancedAssignor(), theirs)))
+    # Both numbered their first run 1; each run resolves against its own packer's.
+    _assignor, copy = unpack(travel(one.pack(BalancedAssignor(), mine)))
+    assert copy == mine
 
 
 def test_a_worker_forgets_the_least_recently_used_packers_first(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    transport._RESIDENT.clear()
     monkeypatch.setattr(transport, "RESIDENT_UNITS_MAX", 2 * len(units_of(CONNECTORS)))
     spec = spec_with(split(2))  # each packer keeps 52 units in the worker
     packers = [SpecPacker() for _ in range(3)]
@@ -103,24 +156,114 @@ def test_a_worker_forgets_the_least_recently_used_packers_first(
         unpack(travel(packer.pack(BalancedAssignor(), spec)))
     assert list(transport._RESIDENT) == [packers[1].token, packers[2].token]
     unpack(travel(packers[1].pack(BalancedAssignor(), spec)))  # used again
-    packed = packers[0].pack(BalancedAssignor(), spec)
     with pytest.raises(ResidentMiss):  # packers[0] was forgotten
-        unpack(travel(packed))
-    unpack(travel(packers[0].complete(packed)))
+        unpack(travel(packers[0].pack(BalancedAssignor(), spec)))
+    unpack(travel(packers[0].pack(BalancedAssignor(), spec, whole=True)))
     assert list(transport._RESIDENT) == [packers[1].token, packers[0].token]
 
 
-def test_a_recycled_id_is_not_mistaken_for_a_known_set() -> None:
+def test_a_spec_packed_whole_goes_in_pieces_of_a_few_units(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(transport, "PACK_STEP_UNITS", 20)
+    spec = spec_with(split(5))  # 10-11 units each: two members a piece
+    steps = SpecPacker().pack_in_steps(BalancedAssignor(), spec)
+    yields = 0
+    while True:
+        try:
+            next(steps)
+            yields += 1
+        except StopIteration as done:
+            packed = done.value
+            break
+    assert len(packed.pieces) == 3 and yields == 2
+    _assignor, copy = unpack(travel(packed))
+    assert copy == spec
+
+
+class EchoAssignor:
+    """Gives each member its previous target, and a state that says which run it was;
+    notes the spec it was given (the "worker" is this process)."""
+
+    name = "echo"
+    seen: AssignmentSpec | None = None
+
+    def assign(self, spec: AssignmentSpec) -> AssignmentResult:
+        EchoAssignor.seen = spec
+        return AssignmentResult({m: spec.previous_target.get(m, frozenset())
+                                 for m in spec.members}, state=spec.previous_state + b".")
+
+
+MEMBER_IDS = ["w0", "w1", "w2", "w3", "w4"]
+
+
+@st.composite
+def spec_sequences(draw: st.DrawFn) -> list[tuple[AssignmentSpec, str]]:
+    """Specs of one group, run after run, each made from the one before as the core
+    makes them: members, sets and connectors kept as the very objects or replaced,
+    members joining and leaving, departed members' parts; and what happens to each run
+    ("runs": in the worker of the last run; "lost": never reaches a worker; "elsewhere":
+    in a worker that holds nothing of the group; "unanswered": runs, but its result never
+    comes back, so the next spec has the state of the run before)."""
+    sets = [frozenset(units) for units in (
+        set(), {("a", -1)}, {("a", 0), ("a", 1)}, {("b", 0)}, {("b", -1), ("c", 2)})]
+    members: dict[str, MemberSpec] = {}
+    previous: dict[str, frozenset[Unit]] = {}
+    connectors: dict[str, int] = {}
+    state = b""
+    sequence = []
+    for _ in range(draw(st.integers(1, 6))):
+        members = dict(members)
+        for member_id in draw(st.sets(st.sampled_from(MEMBER_IDS))):
+            action = draw(st.sampled_from(["new", "leave", "url"]))
+            if action == "leave":
+                members.pop(member_id, None)
+            else:
+                units = draw(st.sampled_from(sets))
+                members[member_id] = MemberSpec(member_id, draw(st.none() | st.just("i")),
+                                                f"http://{member_id}:{action}", units)
+        previous = {key: units for key, units in previous.items()
+                    if draw(st.integers(0, 3))}  # now and then a part goes
+        previous.update({m: spec.current_target for m, spec in members.items()
+                         if draw(st.booleans())})
+        previous.update({m: draw(st.sampled_from(sets)) for m in
+                         draw(st.sets(st.sampled_from(["gone0", "gone1"])))})
+        connectors = {name: tasks for name, tasks in connectors.items() if draw(st.booleans())}
+        connectors.update(draw(st.dictionaries(st.sampled_from("abcd"), st.integers(0, 4))))
+        if draw(st.booleans()):
+            state = draw(st.binary(max_size=3))  # else: whatever the last run returned
+        sequence.append((AssignmentSpec("g", members, connectors, previous, state, 1),
+                         draw(st.sampled_from(["runs", "runs", "lost", "elsewhere",
+                                               "unanswered"]))))
+    return sequence
+
+
+@settings(max_examples=300)
+@given(spec_sequences())
+def test_every_run_reaches_its_worker_as_its_spec(
+        sequence: list[tuple[AssignmentSpec, str]]) -> None:
+    transport._RESIDENT.clear()
     packer = SpecPacker()
-    targets = split(2)
-    packer.pack(BalancedAssignor(), spec_with(targets))
-    # Pretend w0's set died and another set was born at its address.
-    impostor = frozenset(sorted(units_of(CONNECTORS))[:SHARED_SET_MIN])
-    _units, old_bytes, serial = packer._known[id(targets["w0"])]
-    packer._known = {id(impostor): (targets["w0"], old_bytes, serial)}
-    packed = packer.pack(BalancedAssignor(), spec_with({"w0": impostor}))
-    _assignor, copy = unpack(packer.complete(packed))
-    assert copy.previous_target["w0"] == impostor
+    returned = b""
+    for spec, fate in sequence:
+        if spec.previous_state == b"" and returned:
+            spec = replace(spec, previous_state=returned)  # the state as it came back
+        packed = packer.pack(EchoAssignor(), spec)
+        if fate == "lost":
+            continue
+        if fate == "elsewhere":
+            transport._RESIDENT.clear()
+        EchoAssignor.seen = None
+        try:
+            result = run_in_worker(packer, packed, fate != "unanswered")
+        except ResidentMiss:
+            assert packed.base is not None
+            packed = packer.pack(EchoAssignor(), spec, whole=True)
+            result = run_in_worker(packer, packed, fate != "unanswered")
+        assert EchoAssignor.seen == spec
+        if fate == "unanswered":
+            continue
+        assert expand(spec, result).target == EchoAssignor().assign(spec).target
+        returned = result.state
 
 
 def test_only_changed_members_come_back_and_expand_reuses_the_spec_sets() -> None:
@@ -132,7 +275,12 @@ def test_only_changed_members_come_back_and_expand_reuses_the_spec_sets() -> Non
     result = compact(spec, AssignmentResult(new_target, state=b"s", rerun_at_ms=5))
     assert set(result.changed) == {"w0", "w1", "w2"} and result.unchanged == ()
     stable = compact(spec, AssignmentResult(dict(targets)))
-    assert stable.changed == {} and set(stable.unchanged) == {"w0", "w1"}
+    # Every member named, no one else: the unchanged ones are the others, not listed.
+    assert stable.changed == {} and stable.unchanged is None
+    assert unchanged_members(spec, stable) == ["w0", "w1"]
+    left_out = compact(spec, AssignmentResult({"w1": targets["w1"]}))
+    assert left_out.unchanged == ("w1",) and unchanged_members(spec, left_out) == ("w1",)
+    assert expand(spec, left_out).target == {"w1": targets["w1"]}
     assert stable.verified
     full = expand(spec, stable)
     assert full.target == targets

@@ -433,32 +433,34 @@ async def test_a_crashing_run_keeps_the_target_and_is_counted(
             assert finished and finished[0]["outcome"] == "failed"
 
 
-# ---------------------------------------------------------------------------- 5. resident sets
+# ---------------------------------------------------------------------------- 5. resident specs
 
 
-async def test_a_pool_process_without_the_groups_sets_is_sent_them_all(
+async def test_a_pool_process_that_did_not_do_the_groups_last_run_is_sent_it_whole(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A run carries only the sets that are new since the group's last run; the pool
-    process that did that run still holds the others. One that does not (a new process,
-    or one that did other groups' runs) asks for them all and the run lands as usual."""
+    """A run carries only what changed since the group's last run; the pool process that
+    did that run still holds the rest. One that does not (a new process, or one that did
+    other groups' runs) asks for the run whole, and it lands as usual."""
     async with serving(_config(server_assignors=("balanced",)), monkeypatch) as handle:
-        await put_connector(handle, "A", 40)  # 20-21 units each: sent by serial number
+        await put_connector(handle, "A", 40)
         async with await connect(handle) as c1, await connect(handle) as c2:
             workers = [Worker(c1, "W1", "balanced"), Worker(c2, "W2", "balanced")]
             for worker in workers:
                 await worker.join()
             await settle(handle, workers)
+            packer = handle.runtime._packers[G]
+            whole = packer.whole
             await put_connector(handle, "A", 41)
             await settle(handle, workers)
-            packer = handle.runtime._packers[G]
-            assert packer.completed == 0  # one group's runs, one after the other: warm
+            assert packer.whole == whole  # one group's runs, one after the other: told
 
-            # Serials the pool processes have never seen: the next run's sets are not there.
+            # A token no pool process has seen: the next run is not told against anything
+            # they hold.
             packer.token = "a-packer-no-pool-process-has-seen"
             await put_connector(handle, "A", 42)
             view = await settle(handle, workers)
-            assert packer.completed == 1
+            assert packer.whole == whole + 1
             owned = [w.owned for w in workers]
             assert owned[0].isdisjoint(owned[1])
             assert owned[0] | owned[1] == {("A", CONNECTOR), *(("A", t) for t in range(42))}
