@@ -32,6 +32,7 @@ import os
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
@@ -265,6 +266,38 @@ def lower_priority() -> bool:
     return True
 
 
+class AssignorPool:
+    """The assignor worker processes, each in a trio-parallel context of its own, so that a
+    group's run goes to the process that did the group's last run whenever that one is
+    idle: it holds the group's last spec, and a run told against it carries only what
+    changed (`coordinator/assignors/transport.py`). One context with several processes
+    would hand out whichever one finished last, so groups running at the same time would
+    keep finding a process that holds another group's spec."""
+
+    def __init__(self, contexts: Sequence[trio_parallel.WorkerContext]) -> None:
+        self._contexts = contexts
+        self._idle = list(range(len(contexts)))  # the longest idle first
+        self._process_of: dict[str, int] = {}  # group id -> the process of its last run
+
+    async def run(self, group_id: str, packed: PackedRun) -> CompactResult:
+        """Run in the group's process if it is idle, else in the one idle longest. The
+        caller holds one of `len(contexts)` tokens of a limiter, so one is idle."""
+        process = self._process_of.get(group_id)
+        if process is None or process not in self._idle:
+            process = self._idle[0]
+        self._idle.remove(process)
+        self._process_of[group_id] = process
+        try:
+            result: CompactResult = await self._contexts[process].run_sync(
+                run_in_pool, packed, kill_on_cancel=True, limiter=trio.CapacityLimiter(1))
+            return result
+        finally:
+            self._idle.append(process)
+
+    def forget(self, group_id: str) -> None:
+        self._process_of.pop(group_id, None)
+
+
 # Checking an Install costs about 0.3 us per listed unit (BENCHMARKS.md): from here on
 # it would hold the event loop for a millisecond or more.
 INSTALL_OFFLOAD_UNITS = 4_000
@@ -335,7 +368,7 @@ class Runtime:
         self.ready = False
         self._ready_event = trio.Event()
         self._nursery: trio.Nursery | None = None
-        self._worker_context: trio_parallel.WorkerContext | None = None
+        self._pool: AssignorPool | None = None
         self._limiter = trio.CapacityLimiter(config.background_threads)
         self._sink_closed = False
         # Changes whose records are being written, oldest first (see roll_back_from).
@@ -358,8 +391,11 @@ class Runtime:
         The caller opens its listeners after `started`, so clients can connect (and get
         COORDINATOR_LOAD_IN_PROGRESS) while the log loads; `wait_ready()` tells when it is done.
         """
-        async with trio_parallel.open_worker_context(init=lower_priority) as worker_context:
-            self._worker_context = worker_context
+        async with AsyncExitStack() as contexts:
+            self._pool = AssignorPool([
+                await contexts.enter_async_context(
+                    trio_parallel.open_worker_context(init=lower_priority))
+                for _ in range(self.config.background_threads)])
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 task_status.started()
@@ -565,14 +601,10 @@ class Runtime:
             if len(self._packers) > len(self.core.store.groups):  # forget deleted groups
                 for gone in [g for g in self._packers if g not in self.core.store.groups]:
                     del self._packers[gone]
+                    if self._pool is not None:
+                        self._pool.forget(gone)
             packer = self._packers[group_id] = SpecPacker()
         return packer
-
-    async def _in_pool(self, packed: PackedRun) -> CompactResult:
-        assert self._worker_context is not None
-        result: CompactResult = await self._worker_context.run_sync(
-            run_in_pool, packed, kill_on_cancel=True, limiter=trio.CapacityLimiter(1))
-        return result
 
     async def _run_job(self, run: AssignorRun, submitted: float) -> None:
         assignor = self.core.assignors[run.assignor]
@@ -590,19 +622,21 @@ class Runtime:
                         self._limiter.borrowed_tokens / self._limiter.total_tokens)
                     running = time.perf_counter()
                     try:
+                        pool = self._pool
+                        assert pool is not None  # jobs start only while run() runs
                         packer = self._packer_for(run.group_id)
                         packed = await _pack(packer, assignor, run.spec, whole=False)
                         # The core applies the result as the worker sends it: only
                         # the members whose target changed (`CompactResult`).
                         try:
-                            outcome = await self._in_pool(packed)
+                            outcome = await pool.run(run.group_id, packed)
                         except ResidentMiss:
                             # A worker that did not do the group's last run (new, or it
                             # went to another): once more, packed whole.
                             log.debug("assignor_run_resent", group=run.group_id,
                                       run=run.run_id)
                             packed = await _pack(packer, assignor, run.spec, whole=True)
-                            outcome = await self._in_pool(packed)
+                            outcome = await pool.run(run.group_id, packed)
                         packer.returned(packed, outcome)
                     finally:
                         metrics.assignor_run_seconds.labels(run.assignor).observe(

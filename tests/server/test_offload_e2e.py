@@ -466,3 +466,36 @@ async def test_a_pool_process_that_did_not_do_the_groups_last_run_is_sent_it_who
             assert owned[0] | owned[1] == {("A", CONNECTOR), *(("A", t) for t in range(42))}
             assert view["unassigned"]["names"] == []
             assert (await assignor_runs(handle))["failed"] == 0
+
+
+async def test_each_groups_runs_go_to_the_pool_process_that_did_its_last_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two groups' runs in flight at once, round after round, on two pool processes: each
+    group's run goes back to the process that holds its last spec, so after each group's
+    first run none is packed whole again."""
+    config = _config(server_assignors=("balanced",), background_threads=2)
+    async with serving(config, monkeypatch) as handle:
+        runtime = handle.runtime
+        groups = ["pool-a", "pool-b"]
+        for group_id in groups:
+            await runtime.put_connector(group_id, "A", 40)
+            await runtime.heartbeat(ConnectGroupHeartbeatRequest(
+                group_id=group_id, member_id="W1", member_epoch=0,
+                worker_url="http://w1:8083", rebalance_timeout_ms=30_000,
+                server_assignor="balanced"))
+
+        async def landed(count: int) -> None:
+            with trio.fail_after(10):
+                while runtime.runs_landed < count:  # noqa: ASYNC110 - the pool lands them
+                    await trio.sleep(0.01)
+
+        await landed(2)
+        for tasks in range(41, 47):
+            landed_before = runtime.runs_landed
+            async with trio.open_nursery() as nursery:
+                for group_id in groups:
+                    nursery.start_soon(runtime.put_connector, group_id, "A", tasks)
+            await landed(landed_before + 2)
+        assert [runtime._packers[g].whole for g in groups] == [1, 1]
+        assert (await assignor_runs(handle))["ok"] == 14
