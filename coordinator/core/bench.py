@@ -21,6 +21,7 @@ checked, as every run did before pool processes kept them), and the landing
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import pickle
 import statistics
@@ -136,6 +137,18 @@ def measure_pool_run(members: int, tasks_per_member: int, rounds: int) -> dict[s
     # As `bench heartbeats --assignor-load` sets its big group up: a connector per member.
     core, now = stable_group(members, tasks_per_member, offload=True,
                              per_member_connectors=True)
+    # Neither `serve` nor its pool processes leave collections to allocation counts.
+    gc.collect()
+    gc.disable()
+    try:
+        return _measure_pool_run(core, now, tasks_per_member, rounds)
+    finally:
+        gc.enable()
+
+
+def _measure_pool_run(core: GroupCoordinator, now: int, tasks_per_member: int, rounds: int
+                      ) -> dict[str, Any]:
+    members = len(core.store.groups[GROUP].members)
     tasks = tasks_per_member
     assignor = core.assignors["balanced"]
     packer = transport.SpecPacker()

@@ -43,16 +43,43 @@ async def test_cycles_are_collected_on_the_timer_and_gc_is_back_on_after() -> No
         gc.enable()
 
 
-async def test_assignor_worker_processes_run_at_a_lower_priority() -> None:
+async def test_assignor_worker_processes_run_at_a_lower_priority_without_the_collector(
+        ) -> None:
     import os
 
     import trio_parallel
 
-    from coordinator.server.runtime import ASSIGNOR_NICENESS, lower_priority
+    from coordinator.server.runtime import ASSIGNOR_NICENESS, init_pool_process
 
-    async with trio_parallel.open_worker_context(init=lower_priority) as context:
+    async with trio_parallel.open_worker_context(init=init_pool_process) as context:
         niceness = await context.run_sync(os.nice, 0)
+        collecting = await context.run_sync(gc.isenabled)
     assert niceness == min(19, os.nice(0) + ASSIGNOR_NICENESS)
+    assert not collecting
+
+
+def test_a_pool_process_collects_cycles_every_so_many_runs(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from coordinator.assignors.balanced import BalancedAssignor
+    from coordinator.assignors.transport import SpecPacker
+    from coordinator.server import runtime
+    from tests.assignors.test_transport import spec_with, split
+
+    monkeypatch.setattr(runtime, "POOL_COLLECTION_EVERY", 3)
+    monkeypatch.setattr(runtime, "_pool_runs", 0)
+    packer = SpecPacker()
+    gc.disable()  # as in a pool process
+    try:
+        first, second = Node(), Node()
+        first.other, second.other = second, first
+        alive = weakref.ref(first)
+        del first, second
+        for runs in range(1, 4):
+            runtime.run_in_pool(packer.pack(BalancedAssignor(), spec_with(split(2)),
+                                            whole=True))
+            assert (alive() is None) == (runs == 3)
+    finally:
+        gc.enable()
 
 
 async def test_cycles_that_outlived_a_collection_wait_for_the_full_pass(
@@ -170,8 +197,8 @@ def test_courtesy_pauses_need_the_main_thread() -> None:
 async def test_pool_processes_pause_while_they_compute() -> None:
     import trio_parallel
 
-    from coordinator.server.runtime import lower_priority
+    from coordinator.server.runtime import init_pool_process
 
-    async with trio_parallel.open_worker_context(init=lower_priority) as context:
+    async with trio_parallel.open_worker_context(init=init_pool_process) as context:
         active, taken = await context.run_sync(_spin_with_courtesy_pauses, 0.05)
     assert active and taken >= 20
