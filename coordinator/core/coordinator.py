@@ -778,20 +778,24 @@ class GroupCoordinator:
 
     @staticmethod
     def _member_specs(group: Group) -> dict[str, MemberSpec]:
-        known, target = group.member_specs, group.target
-        specs: dict[str, MemberSpec] = {}
-        for member_id, member in group.members.items():
+        """Every member's spec, in the members' order, building only those of members
+        whose metadata or target changed since the last call."""
+        specs, target, members = group.member_specs, group.target, group.members
+        for member_id in group.stale_specs:
+            member = members.get(member_id)
+            if member is None:
+                specs.pop(member_id, None)
+                continue
             metadata = member.metadata
             instance_id = metadata.instance_id if metadata else None
             worker_url = metadata.worker_url if metadata else ""
             units = target.get(member_id, EMPTY_TARGET).units
-            spec = known.get(member_id)
+            spec = specs.get(member_id)
             if (spec is None or spec.current_target is not units
                     or spec.worker_url != worker_url or spec.instance_id != instance_id):
-                spec = MemberSpec(member_id, instance_id, worker_url, units)
-            specs[member_id] = spec
-        group.member_specs = specs
-        return specs
+                specs[member_id] = MemberSpec(member_id, instance_id, worker_url, units)
+        group.stale_specs.clear()
+        return {member_id: specs[member_id] for member_id in members}
 
     def _run_server_assignor(self, group: Group, name: str, change: _Change, now_ms: int) -> None:
         if group.assignor_run is not None:

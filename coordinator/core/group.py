@@ -91,6 +91,8 @@ class Group:
     group_id: str
     epoch: int = 0
     connectors: dict[str, int] = field(default_factory=dict)
+    # The record value `connectors` was replayed from: what undoes a change to them.
+    connectors_value: ConnectGroupConnectorsValue | None = None
     members: dict[str, Member] = field(default_factory=dict)
     instances: dict[str, str] = field(default_factory=dict)  # instance id -> member id
     assignment_epoch: int = 0
@@ -123,11 +125,12 @@ class Group:
     member_epoch_bound: int = 0
     # (metadata_changes, mode, assignor): the assignment mode follows the members' metadata.
     mode_cache: tuple[int, str, str] | None = None
-    # member id -> its MemberSpec in the last server-side run's spec, reused by the next
-    # run while the member's metadata and target are the same (a resize of a big group's
-    # connector then builds no member specs). Never changed in place: a spec in flight
-    # holds it.
+    # member id -> its MemberSpec as of the last server-side run, kept while the member's
+    # metadata and target are the same (a resize of a big group's connector then builds
+    # no member specs); a spec gets a copy. Members whose metadata or target part was
+    # replayed since, or who joined or left, are in `stale_specs`.
     member_specs: dict[str, Any] = field(default_factory=dict)
+    stale_specs: set[str] = field(default_factory=set)
     chosen_epoch: int = -1
     _units: frozenset[Unit] | None = None
 
@@ -259,6 +262,8 @@ class GroupStore:
                 )
             case ConnectGroupConnectorsKey():
                 group = self.groups.get(key.group_id)
+                if group is not None and group.connectors_value is not None:
+                    return Record(key, group.connectors_value)  # the record it came from
                 return connectors_record(key.group_id, group.connectors if group else None)
             case ConnectGroupMemberMetadataKey():
                 member = self._find_member(key.group_id, key.member_id)
@@ -320,15 +325,18 @@ class GroupStore:
         group = self.group(key.group_id)
         if value is None:
             group.connectors = {}
+            group.connectors_value = None
         else:
             assert isinstance(value, ConnectGroupConnectorsValue)
             group.connectors = {c.name: c.tasks for c in value.connectors}
+            group.connectors_value = value
         group._units = None
 
     def _replay_target_member(self, key: ConnectGroupTargetAssignmentMemberKey,
                               value: object) -> None:
         group = self.group(key.group_id)
         group.target_changes += 1
+        group.stale_specs.add(key.member_id)
         target = group.target
         old = target.get(key.member_id) if value is not None else target.pop(key.member_id, None)
         if old is not None and (old.version or old.metadata):
@@ -367,6 +375,7 @@ class GroupStore:
     def _replay_member_metadata(self, key: ConnectGroupMemberMetadataKey, value: object) -> None:
         group = self.group(key.group_id)
         group.metadata_changes += 1
+        group.stale_specs.add(key.member_id)
         if value is None:
             member = group.members.pop(key.member_id, None)
             if member is None:

@@ -383,3 +383,69 @@ def test_a_run_started_by_a_landing_that_was_rolled_back_lands_like_the_full_res
     assert compacted.last.records == direct.last.records
     assert compacted.last.events == direct.last.events
     assert compacted.describe(G) == direct.describe(G)
+
+
+def specs_from_scratch(core: Any) -> dict[str, tuple[Any, ...]]:
+    group = core.store.groups[G]
+    return {m: (m, member.metadata.instance_id if member.metadata else None,
+                member.metadata.worker_url if member.metadata else "",
+                group.target[m].units if m in group.target else frozenset())
+            for m, member in group.members.items()}
+
+
+def as_fields(specs: dict[str, Any]) -> dict[str, tuple[Any, ...]]:
+    return {m: (s.member_id, s.instance_id, s.worker_url, s.current_target)
+            for m, s in specs.items()}
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["join", "leave", "url", "resize", "land"]),
+                          st.sampled_from(["w1", "w2", "w3"]), st.integers(0, 6)),
+                max_size=14))
+def test_member_specs_kept_between_runs_are_those_built_from_scratch(
+        steps: list[tuple[str, str, int]]) -> None:
+    """The core keeps members' specs between runs and rebuilds only those whose metadata
+    or target changed: whatever happened, they are the specs built anew, at run time and
+    after a replay of the log."""
+    ctx = offload_context()
+    for action, member, number in steps:
+        present = member in ctx.core.store.groups[G].members
+        if action == "join" and not present:
+            ctx.join(G, member, server_assignor=RR, instance_id=f"i-{member}"
+                     if number % 2 else None)
+        elif action == "leave" and present:
+            ctx.heartbeat(G, member, -1)
+        elif action == "url" and present:
+            ctx.heartbeat(G, member, ctx.member_view(G, member).member_epoch,
+                          worker_url=f"http://{member}:{number}")
+        elif action == "resize":
+            ctx.put_connector(G, "A", number)
+        elif action == "land" and ctx.jobs:
+            ctx.finish_job(ctx.jobs.pop(0))
+        assert as_fields(ctx.core._member_specs(ctx.core.store.groups[G])) == \
+            specs_from_scratch(ctx.core)
+    replayed = ctx.replayed()
+    assert as_fields(replayed._member_specs(replayed.store.groups[G])) == \
+        specs_from_scratch(replayed)
+
+
+def test_a_connector_change_rolled_back_restores_the_connectors_and_their_record() -> None:
+    # The undo of a connectors record is the record they were replayed from (not built
+    # again from every connector): after any sequence of changes and roll-backs, it is
+    # the record the connectors would make.
+    from coordinator.core.group import connectors_record
+
+    ctx = offload_context()
+    group = ctx.core.store.groups[G]
+    for name, tasks in (("B", 4), ("A", 5), ("C", 1)):
+        ctx.put_connector(G, name, tasks)
+        before = dict(group.connectors)
+        assert ctx.core.store.current_record(connectors_record(G, {}).key) == \
+            connectors_record(G, before)
+        ctx.put_connector(G, name, tasks + 1)
+        assert ctx.last is not None
+        ctx.core.rollback(ctx.last)
+        assert group.connectors == before
+    deleted = ctx.apply(ctx.core.delete_connector(G, "B", ctx.now))
+    ctx.core.rollback(ctx.last)
+    assert deleted is not None and group.connectors == {"A": 5, "B": 4, "C": 1}
