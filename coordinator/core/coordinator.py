@@ -781,11 +781,8 @@ class GroupCoordinator:
         """Every member's spec, in the members' order, building only those of members
         whose metadata or target changed since the last call."""
         specs, target, members = group.member_specs, group.target, group.members
-        for member_id in group.stale_specs:
-            member = members.get(member_id)
-            if member is None:
-                specs.pop(member_id, None)
-                continue
+
+        def refresh(member_id: str, member: Member) -> None:
             metadata = member.metadata
             instance_id = metadata.instance_id if metadata else None
             worker_url = metadata.worker_url if metadata else ""
@@ -794,7 +791,16 @@ class GroupCoordinator:
             if (spec is None or spec.current_target is not units
                     or spec.worker_url != worker_url or spec.instance_id != instance_id):
                 specs[member_id] = MemberSpec(member_id, instance_id, worker_url, units)
+
+        for member_id in group.stale_specs:
+            member = members.get(member_id)
+            if member is not None:
+                refresh(member_id, member)
         group.stale_specs.clear()
+        if len(specs) != len(members):  # not expected: every member joined by a record
+            for member_id, member in members.items():
+                if member_id not in specs:
+                    refresh(member_id, member)
         return {member_id: specs[member_id] for member_id in members}
 
     def _run_server_assignor(self, group: Group, name: str, change: _Change, now_ms: int) -> None:

@@ -128,7 +128,7 @@ class Group:
     # member id -> its MemberSpec as of the last server-side run, kept while the member's
     # metadata and target are the same (a resize of a big group's connector then builds
     # no member specs); a spec gets a copy. Members whose metadata or target part was
-    # replayed since, or who joined or left, are in `stale_specs`.
+    # replayed since are in `stale_specs` (a member that leaves drops out of both).
     member_specs: dict[str, Any] = field(default_factory=dict)
     stale_specs: set[str] = field(default_factory=set)
     chosen_epoch: int = -1
@@ -336,7 +336,8 @@ class GroupStore:
                               value: object) -> None:
         group = self.group(key.group_id)
         group.target_changes += 1
-        group.stale_specs.add(key.member_id)
+        if key.member_id in group.members:  # (members' specs only: bounded by the group)
+            group.stale_specs.add(key.member_id)
         target = group.target
         old = target.get(key.member_id) if value is not None else target.pop(key.member_id, None)
         if old is not None and (old.version or old.metadata):
@@ -375,8 +376,9 @@ class GroupStore:
     def _replay_member_metadata(self, key: ConnectGroupMemberMetadataKey, value: object) -> None:
         group = self.group(key.group_id)
         group.metadata_changes += 1
-        group.stale_specs.add(key.member_id)
         if value is None:
+            group.member_specs.pop(key.member_id, None)
+            group.stale_specs.discard(key.member_id)
             member = group.members.pop(key.member_id, None)
             if member is None:
                 return
@@ -389,6 +391,7 @@ class GroupStore:
             return
         assert isinstance(value, ConnectGroupMemberMetadataValue)
         member = self._member(group, key.member_id)
+        group.stale_specs.add(key.member_id)
         old_instance = member.metadata.instance_id if member.metadata else None
         # Positional arguments: a frozen dataclass takes keywords about a third slower, and
         # start-up replays one of these per member.
