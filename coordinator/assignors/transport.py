@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import os
 import pickle
-from collections.abc import Generator, Mapping
+from collections.abc import Generator, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -111,20 +111,21 @@ class SpecPacker:
     def pack(self, assignor: ServerAssignor, spec: AssignmentSpec,
              whole: bool = False) -> PackedRun:
         """`pack_in_steps` all at once."""
-        steps = self.pack_in_steps(assignor, spec, whole)
-        while True:
-            try:
-                next(steps)
-            except StopIteration as done:
-                packed: PackedRun = done.value
-                return packed
+        *_steps, packed = self.pack_in_steps(assignor, spec, whole)
+        assert packed is not None
+        return packed
 
     def pack_in_steps(self, assignor: ServerAssignor, spec: AssignmentSpec,
-                      whole: bool = False) -> Generator[None, None, PackedRun]:
-        """Pack a run (the generator's return value) against the previous one, or
-        `whole`: for a worker that raised ResidentMiss. Packing whole yields after every
-        piece, so the event loop answers heartbeats in between. The spec is the run's own
-        and does not change meanwhile; one packer packs one run at a time."""
+                      whole: bool = False) -> Iterator[PackedRun | None]:
+        """Pack a run against the previous one, or `whole`: for a worker that raised
+        ResidentMiss. Yields None after each step (packing whole takes one per piece, so
+        the event loop answers heartbeats in between), then the packed run. The spec is
+        the run's own and does not change meanwhile; one packer packs one run at a time."""
+        packed = yield from self._packing(assignor, spec, whole)
+        yield packed
+
+    def _packing(self, assignor: ServerAssignor, spec: AssignmentSpec,
+                 whole: bool) -> Generator[None, None, PackedRun]:
         base, self._base = (None if whole else self._base), None  # none if this fails
         self._runs += 1
         members, previous, connectors = spec.members, spec.previous_target, spec.connectors

@@ -261,14 +261,11 @@ def run_in_pool(packed: PackedRun) -> CompactResult:
 async def _pack(packer: SpecPacker, assignor: ServerAssignor, spec: AssignmentSpec,
                 whole: bool) -> PackedRun:
     """`SpecPacker.pack_in_steps`, answering heartbeats between the steps."""
-    steps = packer.pack_in_steps(assignor, spec, whole)
-    while True:
-        try:
-            next(steps)
-        except StopIteration as done:
-            packed: PackedRun = done.value
+    for packed in packer.pack_in_steps(assignor, spec, whole):
+        if packed is not None:
             return packed
         await trio.lowlevel.checkpoint()
+    raise AssertionError("pack_in_steps ends with the packed run")
 
 
 def init_pool_process() -> bool:

@@ -166,16 +166,8 @@ def test_a_spec_packed_whole_goes_in_pieces_of_a_few_units(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(transport, "PACK_STEP_UNITS", 20)
     spec = spec_with(split(5))  # 10-11 units each: two members a piece
-    steps = SpecPacker().pack_in_steps(BalancedAssignor(), spec)
-    yields = 0
-    while True:
-        try:
-            next(steps)
-            yields += 1
-        except StopIteration as done:
-            packed = done.value
-            break
-    assert len(packed.pieces) == 3 and yields == 2
+    *steps, packed = SpecPacker().pack_in_steps(BalancedAssignor(), spec)
+    assert packed is not None and steps == [None, None] and len(packed.pieces) == 3
     _assignor, copy = unpack(travel(packed))
     assert copy == spec
 
