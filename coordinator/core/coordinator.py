@@ -797,10 +797,6 @@ class GroupCoordinator:
             if member is not None:
                 refresh(member_id, member)
         group.stale_specs.clear()
-        if len(specs) != len(members):  # not expected: every member joined by a record
-            for member_id, member in members.items():
-                if member_id not in specs:
-                    refresh(member_id, member)
         return {member_id: specs[member_id] for member_id in members}
 
     def _run_server_assignor(self, group: Group, name: str, change: _Change, now_ms: int) -> None:

@@ -245,6 +245,7 @@ class GroupStore:
         if member is None:
             member = group.members[member_id] = Member(member_id)
             self.member_total += 1
+            group.stale_specs.add(member_id)  # (replay may bring a member before its metadata)
             group.refresh_reconciled(member)
         return member
 

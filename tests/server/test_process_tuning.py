@@ -194,7 +194,7 @@ def test_courtesy_pauses_need_the_main_thread() -> None:
     assert outcome == [(False, 0)]
 
 
-async def test_pool_processes_pause_while_they_compute() -> None:
+async def test_courtesy_pauses_work_in_a_pool_process() -> None:
     import trio_parallel
 
     from coordinator.server.runtime import init_pool_process
@@ -202,3 +202,22 @@ async def test_pool_processes_pause_while_they_compute() -> None:
     async with trio_parallel.open_worker_context(init=init_pool_process) as context:
         active, taken = await context.run_sync(_spin_with_courtesy_pauses, 0.05)
     assert active and taken >= 20
+
+
+def test_a_pool_run_pauses_while_it_computes(monkeypatch: pytest.MonkeyPatch) -> None:
+    # `run_in_pool` (what a pool process is given) wraps the run in the pauses.
+    import time
+
+    from coordinator.assignors.transport import CompactResult, PackedRun
+    from coordinator.server import runtime, scheduling
+
+    def computing(_packed: PackedRun) -> CompactResult:
+        deadline = time.perf_counter() + 0.05
+        while time.perf_counter() < deadline:
+            pass
+        return CompactResult({}, None)
+
+    monkeypatch.setattr(runtime, "run_packed", computing)
+    before = scheduling.courtesy_pauses_taken
+    runtime.run_in_pool(PackedRun(b"", ()))
+    assert scheduling.courtesy_pauses_taken - before >= 20  # one every 0.5 ms
