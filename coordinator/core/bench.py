@@ -4,10 +4,10 @@ Shows that a stable member's heartbeat costs the same whatever the group's size:
 is called directly (no sockets), with groups of growing size brought to STABLE first.
 
 `--epoch-bump` measures the other frequent heartbeat instead: after a new target epoch
-(here one task added), each member's next heartbeat moves it to that epoch,
-writes its current assignment and answers with its units. Timed per heartbeat: the core
-step, encoding its records for the log, and encoding the answer, i.e. what the event loop
-spends on it before and after the group commit.
+(here one task added), each member's next heartbeat moves it to that epoch, writes its
+current assignment and answers with the new epoch (its units only if they changed).
+Timed per heartbeat: the core step, encoding its records for the log, and encoding the
+answer, i.e. what the event loop spends on it before and after the group commit.
 
 `--pool-run` times an offloaded `balanced` run of a stable group with a connector per member
 (as the heartbeat benchmark's big group) after one task is added, step by step, in this

@@ -135,6 +135,17 @@ class _Change:
         return Result(response, self.records, self.timers, self.events, self.undo, self.jobs)
 
 
+def _assignment_changed(before: CurrentAssignment, after: CurrentAssignment) -> bool:
+    """Whether a worker told `before` must be told `after` (its units, error, version or
+    metadata differ)."""
+    return (
+        (after.assigned is not before.assigned and after.assigned != before.assigned)
+        or after.error != before.error
+        or after.version != before.version
+        or after.metadata != before.metadata
+    )
+
+
 def _timer(kind: str, group_id: str, member_id: str = "") -> TimerKey:
     return (kind, group_id, member_id)
 
@@ -280,10 +291,14 @@ class GroupCoordinator:
             )
         )
 
+        # CONTRACT §5.6: on join, when it changed, or on request after an error. A new
+        # member epoch alone is not a change (every member of a group moves to each new
+        # target epoch, most keeping their units); a member that did not hear of the epoch
+        # it is at (a lost answer) is told everything again.
         send_assignment = (
             joined
-            or after is not before
-            or request.member_epoch != after.epoch
+            or request.member_epoch != before.epoch
+            or (after is not before and _assignment_changed(before, after))
             or (
                 owned is not None
                 and (owned != after.assigned or request.rebalance_timeout_ms != -1)

@@ -133,6 +133,38 @@ def test_lost_response_is_accepted_not_fenced() -> None:
     assert response.error_code == ErrorCode.FENCED_MEMBER_EPOCH
 
 
+def test_assignment_is_sent_when_it_changed_not_with_every_new_epoch() -> None:
+    """CONTRACT §5.6: a worker moved to a new target epoch with the units it runs is told
+    the epoch only; one that is given other units is told them."""
+    ctx = joined("w1")
+    settle(ctx, "w1")
+    ctx.join(G, "w2")
+    settle(ctx, "w1", "w2")
+    view = ctx.member_view(G, "w1")
+    keep = wire_units(view.assigned)
+    ctx.put_connector(G, "B", 0)
+    response = ctx.heartbeat(G, "w1", view.member_epoch)
+    assert response.error_code == ErrorCode.COMPUTE_ASSIGNMENT
+    ctx.compute_and_install(G, "w1", response.member_epoch,
+                            lambda p: {"w1": keep, "w2": units("B")})
+    response = ctx.heartbeat(G, "w1", view.member_epoch)
+    assert response.error_code == ErrorCode.NONE
+    assert response.member_epoch > view.member_epoch
+    assert response.assignment is None  # same units: the new epoch is all it needs
+    assert ctx.member_view(G, "w1").member_epoch == response.member_epoch
+    # w2 gives up its part of A, then is given B: told each time.
+    w2 = ctx.member_view(G, "w2")
+    response = ctx.heartbeat(G, "w2", w2.member_epoch, owned=wire_units(w2.assigned))
+    assert response.assignment is not None
+    assert wire_units(response.assignment.assigned) == frozenset()
+    response = ctx.heartbeat(G, "w2", response.member_epoch, owned=frozenset())
+    assert response.assignment is not None
+    assert wire_units(response.assignment.assigned) == units("B")
+    # A stable heartbeat at the new epoch: nothing to tell.
+    epoch = ctx.member_view(G, "w1").member_epoch
+    assert ctx.heartbeat(G, "w1", epoch).assignment is None
+
+
 def test_compute_assignment_is_a_complete_response() -> None:
     ctx = joined()
     response = ctx.join(G, "w1")
