@@ -313,7 +313,7 @@ class GroupCoordinator:
             )
             assignment = Assignment(
                 error=after.error,
-                assigned=units_to_wire(after.assigned),
+                assigned=member.wire_of(after.assigned),
                 version=part.version if part else after.version,
                 metadata=part.metadata if part else after.metadata,
             )
@@ -679,7 +679,7 @@ class GroupCoordinator:
         )
         if after is before:
             return
-        change.write(current_assignment_record(group.group_id, member.member_id, after))
+        change.write(current_assignment_record(group.group_id, member.member_id, after, member))
         key = _timer(REVOCATION_TIMER, group.group_id, member.member_id)
         if after.state is MemberState.UNREVOKED:
             if before.state is not MemberState.UNREVOKED:

@@ -84,6 +84,17 @@ class Member:
     member_id: str
     metadata: MemberMetadata | None = None
     current: CurrentAssignment = NO_ASSIGNMENT
+    # The wire form of the units it was last given, with the set it stands for: after each
+    # new target epoch every member moves to it, most with the same units, and its record
+    # and answer then need neither a new wire form nor, replayed, a new set.
+    assigned_wire: tuple[frozenset[Unit], ConnectorsAndTasks] | None = field(
+        default=None, compare=False, repr=False)
+
+    def wire_of(self, units: frozenset[Unit]) -> ConnectorsAndTasks:
+        cached = self.assigned_wire
+        if cached is not None and cached[0] is units:
+            return cached[1]
+        return units_to_wire(units)
 
 
 @dataclass(slots=True)
@@ -274,7 +285,7 @@ class GroupStore:
             case ConnectGroupCurrentMemberAssignmentKey():
                 member = self._find_member(key.group_id, key.member_id)
                 return current_assignment_record(
-                    key.group_id, key.member_id, member.current if member else None
+                    key.group_id, key.member_id, member.current if member else None, member
                 )
             case ConnectGroupTargetAssignmentMemberKey():
                 group = self.groups.get(key.group_id)
@@ -423,6 +434,7 @@ class GroupStore:
             if member is not None:
                 self._release(group, key.member_id, member.current.held)
                 member.current = NO_ASSIGNMENT
+                member.assigned_wire = None
                 group.refresh_reconciled(member)
             return
         assert isinstance(value, ConnectGroupCurrentMemberAssignmentValue)
@@ -430,13 +442,18 @@ class GroupStore:
         member = group.members.get(member_id) or self._member(group, member_id)
         state = _MEMBER_STATES.get(value.state)
         previous = member.current
-        assigned = units_from_record(value.assigned)
-        if assigned == previous.assigned:
-            # Most records move a member to a new epoch with the same units: keep the old
-            # set (and its tuples), so the new ones die at once instead of waiting for the
-            # cyclic collector to walk them (50,000 for a group of 1,000 members after each
-            # new target epoch).
-            assigned = previous.assigned
+        cached = member.assigned_wire
+        if cached is not None and value.assigned is cached[1]:
+            assigned = cached[0]  # a record written from this member's state: same units
+        else:
+            assigned = units_from_record(value.assigned)
+            if assigned == previous.assigned:
+                # Most records move a member to a new epoch with the same units: keep the
+                # old set (and its tuples), so the new ones die at once instead of waiting
+                # for the cyclic collector to walk them (50,000 for a group of 1,000
+                # members after each new target epoch).
+                assigned = previous.assigned
+            member.assigned_wire = (assigned, value.assigned)
         pending = value.pending_revocation
         pending_revocation = (
             units_from_record(pending) if pending.connectors or pending.tasks else EMPTY)
@@ -565,8 +582,10 @@ def member_metadata_record(
 
 
 def current_assignment_record(
-    group_id: str, member_id: str, current: CurrentAssignment | None
+    group_id: str, member_id: str, current: CurrentAssignment | None,
+    member: Member | None = None,
 ) -> Record:
+    """`member`: the member it is written for, whose last units' wire form is reused."""
     key = ConnectGroupCurrentMemberAssignmentKey(group_id=group_id, member_id=member_id)
     if current is None:
         return Record(key, None)
@@ -576,7 +595,8 @@ def current_assignment_record(
             member_epoch=current.epoch,
             previous_member_epoch=current.previous_epoch,
             state=int(current.state),
-            assigned=units_to_wire(current.assigned),
+            assigned=(units_to_wire(current.assigned) if member is None
+                      else member.wire_of(current.assigned)),
             pending_revocation=units_to_wire(current.pending_revocation),
             error=current.error,
             version=current.version,

@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from coordinator.config import ServerConfig
+from coordinator.core import group as group_module
 from coordinator.core.result import ASSIGNOR_TIMER, REVOCATION_TIMER, SESSION_TIMER
 from protocol.errors import ApiError, ErrorCode
 
@@ -163,6 +164,38 @@ def test_assignment_is_sent_when_it_changed_not_with_every_new_epoch() -> None:
     # A stable heartbeat at the new epoch: nothing to tell.
     epoch = ctx.member_view(G, "w1").member_epoch
     assert ctx.heartbeat(G, "w1", epoch).assignment is None
+
+
+def test_a_member_moved_to_a_new_epoch_with_its_units_converts_none(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """After each new target epoch every member moves to it, most with the units they
+    run: the record written for that reuses the wire form of the member's units, and its
+    replay the set they stand for (no conversion either way)."""
+    ctx = joined("w1")
+    settle(ctx, "w1")
+    ctx.join(G, "w2")
+    settle(ctx, "w1", "w2")
+    view = ctx.member_view(G, "w1")
+    keep = wire_units(view.assigned)
+    ctx.put_connector(G, "B", 0)
+    response = ctx.heartbeat(G, "w1", view.member_epoch)
+    ctx.compute_and_install(G, "w1", response.member_epoch,
+                            lambda p: {"w1": keep, "w2": units("B")})
+    member = ctx.core.store.groups[G].members["w1"]
+    held = member.current.assigned
+    conversions: list[str] = []
+    for name in ("_convert", "units_from_record"):
+        real = getattr(group_module, name)
+        monkeypatch.setattr(group_module, name,
+                            lambda value, real=real, name=name: conversions.append(name)
+                            or real(value))
+    written = len(ctx.log)
+    response = ctx.heartbeat(G, "w1", view.member_epoch)
+    assert response.error_code == ErrorCode.NONE and response.member_epoch > view.member_epoch
+    assert len(ctx.log) > written  # its current assignment at the new epoch
+    assert member.current.epoch == response.member_epoch
+    assert member.current.assigned is held
+    assert conversions == []
 
 
 def test_compute_assignment_is_a_complete_response() -> None:
