@@ -50,6 +50,9 @@ Every round then measures a baseline window (no assignor run anywhere) followed 
   heartbeat of the window is sorted by that alone: sent while a run was in flight (ends
   included), or not (`between_runs`). The report gives p50/p99/p99.9 and counts for those
   and for the baseline windows, and the p99 ratio in flight / baseline (target < 1.2).
+  `p99_ratio_between_runs` is in flight / between runs: the same window's load (resizes,
+  landings, members moving to new epochs) without a run in flight, so the part of the
+  ratio that the run being in flight makes.
   It needs the coordinator's log or runtime, so not `--bootstrap`.
 
 The load processes collect garbage just before each window and not during it
@@ -1013,10 +1016,19 @@ def in_flight_figures(baseline: Sequence[Sequence[dict[str, Any]]],
         "between_runs": latency_figures(between),
     }
     for key in ("p99", "p999"):
-        low, high = figures["baseline"][f"{key}_ms"], figures["in_flight"][f"{key}_ms"]
-        figures[f"{key}_ratio"] = (round(high / low, 2) if low and not math.isnan(low)
-                                   and not math.isnan(high) else None)
+        figures[f"{key}_ratio"] = _ratio(figures["in_flight"][f"{key}_ms"],
+                                         figures["baseline"][f"{key}_ms"])
+    # The same window with no run in flight: what the run itself adds, apart from the
+    # resizes, landings and new member epochs that the baseline windows have none of.
+    figures["p99_ratio_between_runs"] = _ratio(figures["in_flight"]["p99_ms"],
+                                               figures["between_runs"]["p99_ms"])
     return figures
+
+
+def _ratio(high: float, low: float) -> float | None:
+    if not low or math.isnan(low) or math.isnan(high):
+        return None
+    return round(high / low, 2)
 
 
 @dataclass(slots=True)
@@ -1265,8 +1277,8 @@ def _print_text(result: dict[str, Any]) -> None:
         print(f"{'':>24}  " + "  ".join(f"{name:>14}" for name in columns))
         for key in ("heartbeats", "p50_ms", "p99_ms", "p999_ms", "max_ms"):
             print(f"{key:>24}  " + "  ".join(f"{flight[name][key]!s:>14}" for name in columns))
-        for key in ("p99_ratio", "p999_ratio", "runs", "flight_ms_mean", "flight_ms_max",
-                    "in_flight_share", "puts"):
+        for key in ("p99_ratio", "p999_ratio", "p99_ratio_between_runs", "runs",
+                    "flight_ms_mean", "flight_ms_max", "in_flight_share", "puts"):
             print(f"{key:>24}  {flight[key]}")
         window = flight["window"]
         for key in ("errors", "unstable", "unanswered", "load_cpu", "server_cpu",

@@ -107,6 +107,8 @@ def check_in_flight(report: dict[str, Any]) -> None:
     assert flight["window"]["errors"] == {} and flight["window"]["unstable"] == 0
     assert flight["p99_ratio"] == pytest.approx(
         flight["in_flight"]["p99_ms"] / flight["baseline"]["p99_ms"], abs=0.01)
+    assert flight["p99_ratio_between_runs"] == pytest.approx(
+        flight["in_flight"]["p99_ms"] / flight["between_runs"]["p99_ms"], abs=0.01)
 
 
 @pytest.fixture
@@ -155,6 +157,9 @@ def test_heartbeats_are_split_by_when_they_were_sent() -> None:
     assert figures["flight_ms_max"] == 1000.0
     assert figures["baseline"]["p99_ms"] == 1.0 and figures["in_flight"]["p99_ms"] == 70.0
     assert figures["p99_ratio"] == 70.0 and figures["in_flight"]["heartbeats"] == 3
+    # Between runs, p99 of [1, 2, 3, 4] is 4.
+    assert figures["between_runs"]["p99_ms"] == 4.0
+    assert figures["p99_ratio_between_runs"] == 17.5
     with pytest.raises(BenchError):
         split_by_runs([{"latencies_ms": [1.0], "sent_s": []}], runs)
 
