@@ -52,7 +52,9 @@ class LogWriteFailed(Exception):
 
 
 def encode_records(records: Sequence[Record]) -> list[tuple[bytes, bytes | None]]:
-    return [(encode_key(record.key), encode_value(record.value)) for record in records]
+    return [(encode_key(record.key),
+             encode_value(record.value) if record.encoded is None else record.encoded)
+            for record in records]
 
 
 @dataclass

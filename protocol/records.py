@@ -140,11 +140,22 @@ _VALUE_VERSION_BYTES = INT16.pack(VALUE_VERSION)
 
 
 def _encode_connectors_value(value: ConnectGroupConnectorsValue) -> bytes:
+    return connectors_value_bytes(connector_entries_bytes(value))
+
+
+def connector_entries_bytes(value: ConnectGroupConnectorsValue) -> list[bytes]:
+    """Each connector entry's bytes, in the value's order."""
     connector_bytes = name_and_int32_bytes
+    return [connector_bytes(connector.name, connector.tasks) for connector in value.connectors]
+
+
+def connectors_value_bytes(entries: list[bytes]) -> bytes:
+    """A connectors value from its entries' bytes (`connector_entries_bytes`): a resize
+    changes one entry and joins the rest as they were."""
     return b"".join([
         _VALUE_VERSION_BYTES,
-        uvarint(len(value.connectors) + 1),  # compact array: length + 1
-        *[connector_bytes(connector.name, connector.tasks) for connector in value.connectors],
+        uvarint(len(entries) + 1),  # compact array: length + 1
+        *entries,
         NO_TAGGED_FIELDS,
     ])
 

@@ -138,15 +138,17 @@ class SpecPacker:
             gone_connectors: list[str] = []
         else:
             last_members, last_previous, last_connectors = base[1]
-            changed_members = {key: m for key, m in members.items()
-                               if last_members.get(key) is not m}
+            # (The core hands the last run's members again while none changed.)
+            changed_members = {} if members is last_members else {
+                key: m for key, m in members.items() if last_members.get(key) is not m}
             changed_previous = {key: units for key, units in previous.items()
                                 if last_previous.get(key) is not units}
             piece: _Piece = ([_member_fields(key, m) for key, m in changed_members.items()],
                              list(changed_previous.items()))
             pieces = [pickle.dumps(piece, PROTOCOL)]
-            connectors_sent = {name: tasks for name, tasks in connectors.items()
-                               if last_connectors.get(name) != tasks}
+            connectors_sent = {} if connectors is last_connectors else {
+                name: tasks for name, tasks in connectors.items()
+                if last_connectors.get(name) != tasks}
             gone_members = _gone(members, last_members, changed_members)
             gone_previous = _gone(previous, last_previous, changed_previous)
             gone_connectors = _gone(connectors, last_connectors, connectors_sent)

@@ -36,6 +36,7 @@ from coordinator.core.group import (
     current_assignment_record,
     group_metadata_record,
     member_metadata_record,
+    resized_connectors_record,
     target_member_record,
     target_metadata_record,
     units_to_wire,
@@ -807,12 +808,47 @@ class GroupCoordinator:
                     or spec.worker_url != worker_url or spec.instance_id != instance_id):
                 specs[member_id] = MemberSpec(member_id, instance_id, worker_url, units)
 
-        for member_id in group.stale_specs:
+        view, stale = group.member_specs_view, group.stale_specs
+        if view is not None and not stale:
+            return view  # nobody joined, left or changed since the last run's spec
+        for member_id in stale:
             member = members.get(member_id)
             if member is not None:
                 refresh(member_id, member)
-        group.stale_specs.clear()
-        return {member_id: specs[member_id] for member_id in members}
+        if view is None:
+            view = {member_id: specs[member_id] for member_id in members}
+        else:  # a copy (at C speed) with the stale ones replaced; joiners go last, as in members
+            view = dict(view)
+            for member_id in stale:
+                view[member_id] = specs[member_id]
+        stale.clear()
+        group.member_specs_view = view
+        return view
+
+    @staticmethod
+    def _previous_target(group: Group) -> Mapping[str, frozenset[Unit]]:
+        """The group's previous target for a run's spec: the last spec's, or a copy of it
+        with the parts replayed since replaced (a resize of a big group's connector then
+        goes over none of its members)."""
+        if group.departed_parts:  # (rare: members left since the last run)
+            group.previous_target_view = None
+            group.changed_targets.clear()
+            return {**group.departed_parts,
+                    **{member_id: part.units for member_id, part in group.target.items()}}
+        view, changed, target = group.previous_target_view, group.changed_targets, group.target
+        if view is None:
+            view = {member_id: part.units for member_id, part in target.items()}
+        elif changed:
+            view = dict(view)
+            for member_id in changed:
+                part = target.get(member_id)
+                if part is None:
+                    view.pop(member_id, None)
+                else:
+                    view[member_id] = part.units
+        changed.clear()
+        group.previous_target_view = view
+        return view
 
     def _run_server_assignor(self, group: Group, name: str, change: _Change, now_ms: int) -> None:
         if group.assignor_run is not None:
@@ -820,11 +856,8 @@ class GroupCoordinator:
         spec = AssignmentSpec(
             group_id=group.group_id,
             members=self._member_specs(group),
-            connectors=dict(group.connectors),
-            previous_target={
-                **group.departed_parts,
-                **{mid: part.units for mid, part in group.target.items()},
-            },
+            connectors=group.connectors,  # replaced, never changed in place, by replay
+            previous_target=self._previous_target(group),
             previous_state=group.assignor_state if group.assignor_name == name else b"",
             now_ms=now_ms,
             scheduled_rebalance_max_delay_ms=self._scheduled_delay(group),
@@ -883,7 +916,8 @@ class GroupCoordinator:
                 and group.metadata_changes == run.metadata_changes
                 and group.target_changes == run.target_changes  # (a rolled-back landing)
                 and not group.versioned_parts  # a server-side part has neither
-                and run.spec.connectors == group.connectors):
+                and (run.spec.connectors is group.connectors
+                     or run.spec.connectors == group.connectors)):
             return False
         members, target = group.members, group.target
         assigned = changes.assigned
@@ -1369,9 +1403,12 @@ class GroupCoordinator:
         group = self._group_or_create(group_id, change)
         changed = group.connectors.get(connector) != tasks
         if changed:
-            connectors = dict(group.connectors)
-            connectors[connector] = tasks
-            change.write(connectors_record(group_id, connectors))
+            if connector in group.connectors:
+                change.write(resized_connectors_record(group, connector, tasks))
+            else:
+                connectors = dict(group.connectors)
+                connectors[connector] = tasks
+                change.write(connectors_record(group_id, connectors))
             self._bump(group, change, trigger=TRIGGER_CONNECTORS_CHANGED)
             change.event("connector_set", group, None, connector=connector, tasks=tasks)
             self._maybe_new_target(group, change, now_ms)

@@ -47,10 +47,15 @@ ASSIGNMENT_MODES = (SERVER_MODE, CLIENT_MODE)
 
 @dataclass(frozen=True, slots=True)
 class Record:
-    """One log record: a key entity and a value entity, or None for a tombstone."""
+    """One log record: a key entity and a value entity, or None for a tombstone.
+
+    `encoded`: the value's bytes, when whoever built the record had them at hand for less
+    than encoding it (the connectors record of a resize); exactly `encode_value(value)`.
+    """
 
     key: Any
     value: Any | None
+    encoded: bytes | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True, slots=True)

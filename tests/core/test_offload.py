@@ -393,21 +393,26 @@ def specs_from_scratch(core: Any) -> dict[str, tuple[Any, ...]]:
             for m, member in group.members.items()}
 
 
+def previous_from_scratch(group: Any) -> dict[str, frozenset[Unit]]:
+    return {**group.departed_parts, **{m: part.units for m, part in group.target.items()}}
+
+
 def as_fields(specs: dict[str, Any]) -> dict[str, tuple[Any, ...]]:
     return {m: (s.member_id, s.instance_id, s.worker_url, s.current_target)
             for m, s in specs.items()}
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(["join", "leave", "url", "resize", "land"]),
+@given(st.lists(st.tuples(st.sampled_from(["join", "leave", "url", "resize", "land", "undo"]),
                           st.sampled_from(["w1", "w2", "w3"]), st.integers(0, 6)),
                 max_size=14))
 def test_member_specs_kept_between_runs_are_those_built_from_scratch(
         steps: list[tuple[str, str, int]]) -> None:
-    """The core keeps members' specs between runs and rebuilds only those whose metadata
-    or target changed: whatever happened, they are the specs built anew, at run time and
-    after a replay of the log."""
+    """The core keeps members' specs and the previous target between runs and rebuilds
+    only the entries whose metadata or target changed: whatever happened, they are the
+    ones built anew, at run time and after a replay of the log."""
     ctx = offload_context()
+    ctx.last = None  # (not the group's creation)
     for action, member, number in steps:
         present = member in ctx.core.store.groups[G].members
         if action == "join" and not present:
@@ -422,10 +427,19 @@ def test_member_specs_kept_between_runs_are_those_built_from_scratch(
             ctx.put_connector(G, "A", number)
         elif action == "land" and ctx.jobs:
             ctx.finish_job(ctx.jobs.pop(0))
+        elif action == "undo" and ctx.last is not None and not ctx.last.jobs:
+            ctx.core.rollback(ctx.last)  # as if its records never reached the log
+            del ctx.log[len(ctx.log) - len(ctx.last.records):]
+            ctx.last = None
         group = ctx.core.store.groups[G]
         # What the group keeps is bounded by its members, whether or not a run follows.
         assert group.stale_specs <= group.members.keys() >= group.member_specs.keys()
-        assert as_fields(ctx.core._member_specs(group)) == specs_from_scratch(ctx.core)
+        if number % 3:  # (not at every step: what is kept between specs is what is tested)
+            assert as_fields(ctx.core._member_specs(group)) == specs_from_scratch(ctx.core)
+            assert ctx.core._previous_target(group) == previous_from_scratch(group)
+    group = ctx.core.store.groups[G]
+    assert as_fields(ctx.core._member_specs(group)) == specs_from_scratch(ctx.core)
+    assert ctx.core._previous_target(group) == previous_from_scratch(group)
     replayed = ctx.replayed()
     assert as_fields(replayed._member_specs(replayed.store.groups[G])) == \
         specs_from_scratch(replayed)
@@ -451,3 +465,38 @@ def test_a_connector_change_rolled_back_restores_the_connectors_and_their_record
     deleted = ctx.apply(ctx.core.delete_connector(G, "B", ctx.now))
     ctx.core.rollback(ctx.last)
     assert deleted is not None and group.connectors == {"A": 5, "B": 4, "C": 1}
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["put", "delete", "undo"]),
+                          st.sampled_from(["A", "B", "C", "D"]), st.integers(0, 4)),
+                max_size=16))
+def test_a_resize_writes_the_record_the_connectors_make(
+        steps: list[tuple[str, str, int]]) -> None:
+    """A resize builds the connectors record from the last one by changing one entry (and
+    its bytes, and its replay the connectors map): whatever came before, it is the record
+    and the bytes built from every connector, and the state is the one replay makes."""
+    from coordinator.core.group import connectors_record
+    from protocol.records import encode_value
+
+    ctx = offload_context()
+    ctx.last = None  # (not the group's creation)
+    group = ctx.core.store.groups[G]
+    for action, name, tasks in steps:
+        if action == "put":
+            ctx.put_connector(G, name, tasks)
+        elif action == "delete" and name in group.connectors and len(group.connectors) > 1:
+            ctx.apply(ctx.core.delete_connector(G, name, ctx.now))
+        elif action == "undo" and ctx.last is not None:
+            ctx.core.rollback(ctx.last)  # as if its records never reached the log
+            del ctx.log[len(ctx.log) - len(ctx.last.records):]
+            ctx.last = None
+            continue
+        written = [r for r in (ctx.last.records if ctx.last else [])
+                   if r.key == connectors_record(G, {}).key]
+        for record in written:
+            assert record == connectors_record(G, group.connectors)
+            if record.encoded is not None:
+                assert record.encoded == encode_value(record.value)
+        assert group.connectors == {c.name: c.tasks for c in group.connectors_value.connectors}
+    assert ctx.replayed().store.groups[G].connectors == group.connectors
