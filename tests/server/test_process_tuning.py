@@ -43,6 +43,33 @@ async def test_cycles_are_collected_on_the_timer_and_gc_is_back_on_after() -> No
         gc.enable()
 
 
+async def test_a_burst_of_new_objects_is_collected_before_the_minute_is_up() -> None:
+    # Once `young_limit` objects allocated since the last collection are alive, the next
+    # check collects (and freezes them), so no later collection walks all of them at once.
+    gc.disable()
+    try:
+        gc.collect()
+        gc.freeze()
+        first, second = Node(), Node()
+        first.other, second.other = second, first
+        alive = weakref.ref(first)
+        del first, second
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(collect_periodically, 3600.0, 30, 5_000, 0.01)
+            await trio.sleep(0.1)
+            assert alive() is not None  # few young objects: the timer's turn, in an hour
+            burst = [Node() for _ in range(6_000)]
+            with trio.fail_after(5):
+                while alive() is not None:  # noqa: ASYNC110 - waits on the collector
+                    await trio.sleep(0.01)
+            assert gc.get_count()[0] < 5_000  # the burst survived, frozen
+            nursery.cancel_scope.cancel()
+        assert len(burst) == 6_000
+    finally:
+        gc.unfreeze()
+        gc.enable()
+
+
 async def test_assignor_worker_processes_run_at_a_lower_priority_without_the_collector(
         ) -> None:
     import os
