@@ -134,9 +134,9 @@ def test_lost_response_is_accepted_not_fenced() -> None:
     assert response.error_code == ErrorCode.FENCED_MEMBER_EPOCH
 
 
-def test_assignment_is_sent_when_it_changed_not_with_every_new_epoch() -> None:
-    """CONTRACT §5.6: a worker moved to a new target epoch with the units it runs is told
-    the epoch only; one that is given other units is told them."""
+def new_target_where_w1_keeps_its_units() -> tuple[Context, Any]:
+    """A stable group of w1 and w2, then a new target epoch (connector B added) in which
+    w1 keeps what it runs and w2 gets B; returns w1's view from before."""
     ctx = joined("w1")
     settle(ctx, "w1")
     ctx.join(G, "w2")
@@ -148,6 +148,13 @@ def test_assignment_is_sent_when_it_changed_not_with_every_new_epoch() -> None:
     assert response.error_code == ErrorCode.COMPUTE_ASSIGNMENT
     ctx.compute_and_install(G, "w1", response.member_epoch,
                             lambda p: {"w1": keep, "w2": units("B")})
+    return ctx, view
+
+
+def test_assignment_is_sent_when_it_changed_not_with_every_new_epoch() -> None:
+    """CONTRACT §5.6: a worker moved to a new target epoch with the units it runs is told
+    the epoch only; one that is given other units is told them."""
+    ctx, view = new_target_where_w1_keeps_its_units()
     response = ctx.heartbeat(G, "w1", view.member_epoch)
     assert response.error_code == ErrorCode.NONE
     assert response.member_epoch > view.member_epoch
@@ -171,16 +178,7 @@ def test_a_member_moved_to_a_new_epoch_with_its_units_converts_none(
     """After each new target epoch every member moves to it, most with the units they
     run: the record written for that reuses the wire form of the member's units, and its
     replay the set they stand for (no conversion either way)."""
-    ctx = joined("w1")
-    settle(ctx, "w1")
-    ctx.join(G, "w2")
-    settle(ctx, "w1", "w2")
-    view = ctx.member_view(G, "w1")
-    keep = wire_units(view.assigned)
-    ctx.put_connector(G, "B", 0)
-    response = ctx.heartbeat(G, "w1", view.member_epoch)
-    ctx.compute_and_install(G, "w1", response.member_epoch,
-                            lambda p: {"w1": keep, "w2": units("B")})
+    ctx, view = new_target_where_w1_keeps_its_units()
     member = ctx.core.store.groups[G].members["w1"]
     held = member.current.assigned
     conversions: list[str] = []
