@@ -815,9 +815,11 @@ class GroupCoordinator:
             member = members.get(member_id)
             if member is not None:
                 refresh(member_id, member)
-        if view is None:
+        if view is None or not stale <= view.keys():
+            # In the members' order: a run packed whole for a pool process is a third
+            # smaller so (neighbours share connectors, and pickle writes a name once).
             view = {member_id: specs[member_id] for member_id in members}
-        else:  # a copy (at C speed) with the stale ones replaced; joiners go last, as in members
+        else:  # a copy (at C speed) with the stale ones replaced
             view = dict(view)
             for member_id in stale:
                 view[member_id] = specs[member_id]
