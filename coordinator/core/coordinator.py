@@ -794,11 +794,17 @@ class GroupCoordinator:
 
     @staticmethod
     def _member_specs(group: Group) -> dict[str, MemberSpec]:
-        """Every member's spec, in the members' order, building only those of members
-        whose metadata or target changed since the last call."""
-        specs, target, members = group.member_specs, group.target, group.members
-
-        def refresh(member_id: str, member: Member) -> None:
+        """Every member's spec, in the members' order: the last spec's, or a copy with
+        those of members whose metadata or target changed since built again."""
+        specs, stale, members, target = (group.member_specs, group.stale_specs,
+                                         group.members, group.target)
+        if not stale:
+            return specs  # nobody joined, left or changed since the last run's spec
+        fresh: dict[str, MemberSpec] = {}
+        for member_id in stale:
+            member = members.get(member_id)
+            if member is None:
+                continue
             metadata = member.metadata
             instance_id = metadata.instance_id if metadata else None
             worker_url = metadata.worker_url if metadata else ""
@@ -806,26 +812,19 @@ class GroupCoordinator:
             spec = specs.get(member_id)
             if (spec is None or spec.current_target is not units
                     or spec.worker_url != worker_url or spec.instance_id != instance_id):
-                specs[member_id] = MemberSpec(member_id, instance_id, worker_url, units)
-
-        view, stale = group.member_specs_view, group.stale_specs
-        if view is not None and not stale:
-            return view  # nobody joined, left or changed since the last run's spec
-        for member_id in stale:
-            member = members.get(member_id)
-            if member is not None:
-                refresh(member_id, member)
-        if view is None or not stale <= view.keys():
-            # In the members' order: a run packed whole for a pool process is a third
-            # smaller so (neighbours share connectors, and pickle writes a name once).
-            view = {member_id: specs[member_id] for member_id in members}
-        else:  # a copy (at C speed) with the stale ones replaced
-            view = dict(view)
-            for member_id in stale:
-                view[member_id] = specs[member_id]
+                spec = MemberSpec(member_id, instance_id, worker_url, units)
+            fresh[member_id] = spec
+        if fresh.keys() <= specs.keys():
+            specs = {**specs, **fresh}  # (a copy at C speed)
+        else:
+            # Someone joined: in the members' order, a run packed whole for a pool process
+            # is smaller (547 kB instead of 937 for 1,000 members: neighbours share
+            # connectors, and pickle writes a name once).
+            specs = {member_id: fresh[member_id] if member_id in fresh else specs[member_id]
+                     for member_id in members}
         stale.clear()
-        group.member_specs_view = view
-        return view
+        group.member_specs = specs
+        return specs
 
     @staticmethod
     def _previous_target(group: Group) -> Mapping[str, frozenset[Unit]]:

@@ -160,16 +160,13 @@ class Group:
     member_epoch_bound: int = 0
     # (metadata_changes, mode, assignor): the assignment mode follows the members' metadata.
     mode_cache: tuple[int, str, str] | None = None
-    # member id -> its MemberSpec as of the last server-side run, kept while the member's
-    # metadata and target are the same (a resize of a big group's connector then builds
-    # no member specs); a spec gets a copy. Members whose metadata or target part was
-    # replayed since are in `stale_specs` (a member that leaves drops out of both).
+    # member id -> its MemberSpec, in the members' order, as the last server-side run's
+    # spec got them: the next spec gets the same mapping (a resize of a big group's
+    # connector then builds nothing), or a copy with those of the members in
+    # `stale_specs` (metadata or target part replayed since) built again. Never changed in
+    # place: a spec in flight holds it (a member that leaves drops out of a copy).
     member_specs: dict[str, Any] = field(default_factory=dict)
     stale_specs: set[str] = field(default_factory=set)
-    # The members' specs as the last run's spec got them (never changed in place: a run's
-    # spec may hold it); the next spec gets the same mapping, or a copy with the stale
-    # members' specs replaced. None after a member left: built anew.
-    member_specs_view: dict[str, Any] | None = None
     # The same for the previous target (member id -> units), with the ids whose target
     # part was replayed since the last spec took it (kept only while there is a view).
     previous_target_view: dict[str, frozenset[Unit]] | None = None
@@ -433,9 +430,10 @@ class GroupStore:
         group = self.group(key.group_id)
         group.metadata_changes += 1
         if value is None:
-            group.member_specs.pop(key.member_id, None)
+            if key.member_id in group.member_specs:
+                specs = group.member_specs = dict(group.member_specs)
+                del specs[key.member_id]
             group.stale_specs.discard(key.member_id)
-            group.member_specs_view = None
             member = group.members.pop(key.member_id, None)
             if member is None:
                 return

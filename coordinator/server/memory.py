@@ -21,8 +21,8 @@ cyclic garbage comes to about 100 objects a second. So `serve`:
   50,000 tasks forming takes about 260,000) is then walked in pauses of a few
   milliseconds, not in one of 40-95 ms at the next minute;
 * cyclic garbage among frozen objects (alive for a minute, then dropped in a cycle) waits
-  for the full pass: every 30th timed collection unfreezes everything first, one pause of
-  a few tens of milliseconds every half hour.
+  for the full pass: every half hour, a collection unfreezes everything first, one pause
+  of a few tens of milliseconds.
 
 The figures are in BENCHMARKS.md ("Heartbeat p99 while a 1,000 x 50,000 run is in flight").
 """
