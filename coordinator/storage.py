@@ -41,6 +41,7 @@ from coordinator.log import (
 )
 from coordinator.log.files import FileLayer
 from coordinator.metrics import Metrics
+from coordinator.server.scheduling import to_background_thread
 from protocol.records import RecordDecodeError, decode_record, encode_key, encode_value
 
 log = structlog.get_logger("connect_coordinator.storage")
@@ -109,7 +110,7 @@ class LogSink:
     async def _flush(self, batch: list[_QueuedWrite]) -> None:
         now_ms = self._now_ms()
         try:
-            await trio.to_thread.run_sync(self._append_and_sync, batch, now_ms)
+            await to_background_thread(self._append_and_sync, batch, now_ms)
         except (LogError, OSError) as error:
             self.failed_flushes += 1
             failed = batch + self._queue
@@ -149,7 +150,7 @@ class LogSink:
         self._wakeup.set()
         await self._stopped.wait()
         if self.writer is not None:
-            await trio.to_thread.run_sync(self.writer.close)
+            await to_background_thread(self.writer.close)
 
 
 class LogReplayer:
@@ -273,7 +274,7 @@ async def compact_once(sink: LogSink, config: ServerConfig, now_ms: int
     if writer is None or writer.broken:
         return None
     started = time.perf_counter()
-    report = await trio.to_thread.run_sync(
+    report = await to_background_thread(
         partial(compact, writer.data_dir, now_ms, config.log_tombstone_retention_ms,
                 writer.file_layer, durable_end_offset=writer.durable_end_offset))
     log.info("log_compacted", segments_examined=report.segments_examined,

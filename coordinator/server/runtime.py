@@ -54,7 +54,11 @@ from coordinator.core.coordinator import GroupCoordinator
 from coordinator.core.result import AssignorRun, Event, Record, Result, TimerKey, TimerOp, TimerSet
 from coordinator.core.validation import check_install, install_unit_count
 from coordinator.metrics import Metrics
-from coordinator.server.scheduling import courtesy_pauses
+from coordinator.server.scheduling import (
+    BACKGROUND_NICENESS,
+    courtesy_pauses,
+    to_background_thread,
+)
 from protocol.errors import ApiError, ErrorCode
 from protocol.messages import (
     ConnectGroupDescribeResponse,
@@ -234,11 +238,6 @@ class LogLoader(Protocol):
 # Events logged at debug: a member's steps towards its target.
 MEMBER_PROGRESS_EVENTS = frozenset({"member_reached_epoch", "member_revoking"})
 
-# Assignor runs are background work: on a busy machine the event loop, which answers
-# heartbeats, should get the CPU first.
-ASSIGNOR_NICENESS = 10
-
-
 # A pool process's cyclic collector is off (`init_pool_process`): a run allocates tens of
 # thousands of objects that reference counting frees (young collections took 20% of a
 # `balanced` run of 1,000 members), and what runs keep, each group's last spec, is not
@@ -277,7 +276,7 @@ def init_pool_process() -> bool:
 def lower_priority() -> bool:
     """Lower the priority of this (assignor worker) process."""
     try:
-        os.nice(ASSIGNOR_NICENESS)
+        os.nice(BACKGROUND_NICENESS)
     except OSError:
         pass  # not permitted here: run at normal priority
     return True
@@ -565,7 +564,7 @@ class Runtime:
         if install_unit_count(request) >= self.install_offload_units:
             # Checking a large assignment takes milliseconds (13-21 ms for 50,000 units):
             # a thread lets the event loop answer heartbeats meanwhile.
-            checked = await trio.to_thread.run_sync(check_install, request)
+            checked = await to_background_thread(check_install, request)
         return await self.complete(
             self.core.install_assignment(request, self.clock.now_ms(), checked))
 

@@ -1,5 +1,6 @@
 """Sharing the CPU with the heartbeats: a short CPU slice for the event loop's thread
-(Linux 6.12 and later), and courtesy pauses for the assignor pool (below).
+(Linux 6.12 and later), a lower priority for everything the coordinator does off the loop
+(its threads and the assignor pool), and courtesy pauses for the pool (below).
 
 Linux's EEVDF scheduler lets a running task finish its slice (1.4 ms by default on this
 machine) before a task that wakes up gets the CPU, unless the one waking asks for a
@@ -20,15 +21,24 @@ import os
 import platform
 import signal
 import struct
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import TypeVar
 
 import structlog
+import trio
 
 log = structlog.get_logger("coordinator.scheduling")
 
 EVENT_LOOP_SLICE_NS = 100_000  # the kernel's minimum custom slice
+# Work moved off the event loop (assignor runs in the pool's processes; log flushes,
+# compaction and install checks in threads) runs this much nicer than the loop, so the loop,
+# which answers heartbeats, gets a CPU first on a busy machine.
+BACKGROUND_NICENESS = 10
+
+T = TypeVar("T")
 _SCHED_ATTR = struct.Struct("IIQiIQQQII")  # struct sched_attr, SCHED_ATTR_SIZE_VER1 (56)
 _SYSCALLS = {"x86_64": (314, 315), "aarch64": (274, 275)}  # sched_setattr, sched_getattr
 
@@ -70,6 +80,44 @@ def request_short_slice(slice_ns: int = EVENT_LOOP_SLICE_NS) -> bool:
         log.debug("short_slice_refused", errno=ctypes.get_errno())
         return False
     return True
+
+
+_background = threading.local()
+
+
+def lower_thread_priority() -> bool:
+    """Make the calling thread BACKGROUND_NICENESS nicer than it was created (once per
+    thread); False where threads have no niceness of their own (only Linux's do) or the
+    system refuses."""
+    if getattr(_background, "lowered", False):
+        return True
+    if platform.system() != "Linux":
+        return False
+    thread = threading.get_native_id()
+    try:
+        niceness = os.getpriority(os.PRIO_PROCESS, thread)
+        os.setpriority(os.PRIO_PROCESS, thread, min(19, niceness + BACKGROUND_NICENESS))
+    except OSError:
+        return False
+    _background.lowered = True
+    return True
+
+
+async def to_background_thread(fn: Callable[..., T], *args: object) -> T:
+    """`trio.to_thread.run_sync` in a thread of lower priority than the event loop's.
+
+    Without it a log flush cost the loop more than its own work: each fsync wakes its
+    thread several times, and a woken thread took the CPU from the loop in the middle of
+    answering heartbeats (330 times a second while assignor runs were in flight; perf
+    sched, BENCHMARKS.md). trio reuses its threads, so every thread the coordinator hands
+    work to ends up at this priority, which is what it wants for all of them.
+    """
+    def lowered() -> T:
+        lower_thread_priority()
+        return fn(*args)
+
+    name = getattr(fn, "__name__", None) or getattr(getattr(fn, "func", None), "__name__", "")
+    return await trio.to_thread.run_sync(lowered, thread_name=f"{name} (background)")
 
 
 # Courtesy pauses for the assignor pool (BENCHMARKS.md, "Pool processes that pause").

@@ -17,7 +17,7 @@ from crc32c import crc32c
 from coordinator.log import LogWriter
 from coordinator.log.files import OsFileLayer
 from coordinator.log.segments import list_segments
-from coordinator.server.scheduling import EVENT_LOOP_SLICE_NS
+from coordinator.server.scheduling import BACKGROUND_NICENESS, EVENT_LOOP_SLICE_NS
 from coordinator.storage import snapshot_rows
 from coordinator.units import Unit
 from tests.core.context import wire_units
@@ -206,5 +206,30 @@ async def test_serve_asks_for_a_short_cpu_slice_for_its_event_loop(tmp_path: Pat
         sched = await trio.Path(f"/proc/{server.process.pid}/sched").read_text()
         line = next(line for line in sched.splitlines() if line.startswith("se.slice"))
         assert int(line.split(":")[1]) == EVENT_LOOP_SLICE_NS
+    finally:
+        server.kill()
+
+
+def _niceness(stat: str) -> int:
+    # /proc/PID/task/TID/stat: the name is in parentheses and may hold spaces; the fields
+    # after it start at the state (3rd), so niceness (19th) is the 17th after the name.
+    return int(stat.rpartition(")")[2].split()[16])
+
+
+async def test_serve_flushes_its_log_in_a_thread_nicer_than_its_event_loop(
+        tmp_path: Path) -> None:
+    # A durable change goes through a flush thread; the main thread is the event loop's.
+    server = ServerProcess(tmp_path / "data", tmp_path, SETTINGS)
+    await server.start()
+    try:
+        assert server.process is not None
+        status, _ = await server.http("PUT", "/groups/g/connectors/source", {"tasks": 2})
+        assert status == 200
+        tasks = trio.Path(f"/proc/{server.process.pid}/task")
+        niceness = {int(task.name): _niceness(await (task / "stat").read_text())
+                    for task in await tasks.iterdir()}
+        loop = niceness.pop(server.process.pid)
+        assert loop == _niceness(await trio.Path("/proc/self/stat").read_text())
+        assert min(19, loop + BACKGROUND_NICENESS) in niceness.values()
     finally:
         server.kill()

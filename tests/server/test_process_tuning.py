@@ -76,12 +76,13 @@ async def test_assignor_worker_processes_run_at_a_lower_priority_without_the_col
 
     import trio_parallel
 
-    from coordinator.server.runtime import ASSIGNOR_NICENESS, init_pool_process
+    from coordinator.server.runtime import init_pool_process
+    from coordinator.server.scheduling import BACKGROUND_NICENESS
 
     async with trio_parallel.open_worker_context(init=init_pool_process) as context:
         niceness = await context.run_sync(os.nice, 0)
         collecting = await context.run_sync(gc.isenabled)
-    assert niceness == min(19, os.nice(0) + ASSIGNOR_NICENESS)
+    assert niceness == min(19, os.nice(0) + BACKGROUND_NICENESS)
     assert not collecting
 
 
@@ -180,6 +181,21 @@ def test_the_event_loop_thread_asks_for_a_short_cpu_slice() -> None:
     before, taken, after = seen[0]
     assert before is not None and before > EVENT_LOOP_SLICE_NS  # Linux's default slice
     assert taken and after == EVENT_LOOP_SLICE_NS
+
+
+async def test_work_handed_to_a_thread_runs_nicer_than_the_event_loop() -> None:
+    import os
+
+    from coordinator.server.scheduling import BACKGROUND_NICENESS, to_background_thread
+
+    def niceness() -> int:
+        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    loop = niceness()
+    assert await to_background_thread(niceness) == min(19, loop + BACKGROUND_NICENESS)
+    # once per thread: trio reuses it, and a second job does not lower it again
+    assert await to_background_thread(niceness) == min(19, loop + BACKGROUND_NICENESS)
+    assert niceness() == loop
 
 
 def _spin_with_courtesy_pauses(seconds: float) -> tuple[bool, int]:
