@@ -16,7 +16,9 @@ import pytest
 import structlog
 
 from coordinator import cli
+from coordinator.server.app import ServerHandle
 from coordinator.server.bench_heartbeats import (
+    AdminConnection,
     BenchError,
     in_flight_figures,
     split_by_runs,
@@ -214,3 +216,22 @@ def test_worker_heartbeat_pace_override_must_not_be_negative() -> None:
     with pytest.raises(ValueError, match="heartbeat_interval_override_ms"):
         WorkerConfig(group_id="g", worker_url="http://w:8083",
                      heartbeat_interval_override_ms=-1)
+
+
+async def test_the_admin_connection_keeps_one_connection_and_reopens_after_an_error(
+        server: ServerHandle) -> None:
+    connection = AdminConnection(f"http://127.0.0.1:{server.admin_port}")
+    try:
+        put = await connection.request("PUT", "/groups/g/connectors/c", {"tasks": 2})
+        first = connection._stream
+        assert first is not None
+        view = await connection.request("GET", "/groups/g")
+        assert connection._stream is first  # kept alive
+        assert put["tasks"] == 2 and "c" in view["connectors_and_tasks"]["connectors"]
+        with pytest.raises(BenchError, match="HTTP 400"):
+            await connection.request("PUT", "/groups/g/connectors/c", {"tasks": -1})
+        assert connection._stream is None
+        resized = await connection.request("PUT", "/groups/g/connectors/c", {"tasks": 3})
+        assert resized["tasks"] == 3 and connection._stream is not None
+    finally:
+        await connection.aclose()
