@@ -10,6 +10,7 @@ import json
 import logging
 import math
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,6 +21,7 @@ from coordinator.server.app import ServerHandle
 from coordinator.server.bench_heartbeats import (
     AdminConnection,
     BenchError,
+    ServerLog,
     in_flight_figures,
     split_by_runs,
     summarize,
@@ -235,3 +237,22 @@ async def test_the_admin_connection_keeps_one_connection_and_reopens_after_an_er
         assert resized["tasks"] == 3 and connection._stream is not None
     finally:
         await connection.aclose()
+
+
+def test_the_coordinator_s_log_file_is_read_as_it_grows(tmp_path: Path) -> None:
+    log = ServerLog(tmp_path / "coordinator.log")
+    assert log.landed_runs() == (0, [])  # not written yet
+    ready = {"event": "ready", "listen": "127.0.0.1:9092", "admin": "http://127.0.0.1:8080"}
+    landed = {"event": "assignor_run_landed", "submitted_at": 10.5, "landed_at": 10.52}
+    first = json.dumps(ready) + "\n" + json.dumps(landed) + "\n"
+    second = json.dumps({**landed, "submitted_at": 11.0, "landed_at": 11.03})
+    with log.path.open("w") as file:
+        file.write(first + second[:20])  # the coordinator is in the middle of a line
+        file.flush()
+        assert log.landed_runs() == (1, [(10.5, 10.52)])
+        assert log.target is not None and log.target.port == 9092
+        assert log.target.admin == "http://127.0.0.1:8080"
+        file.write(second[20:] + "\n")
+        file.flush()
+        assert log.landed_runs() == (2, [(10.5, 10.52), (11.0, 11.03)])
+    assert list(log.tail)[-1] == second
