@@ -29,7 +29,6 @@ from __future__ import annotations
 import gc
 import heapq
 import math
-import os
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -55,8 +54,8 @@ from coordinator.core.result import AssignorRun, Event, Record, Result, TimerKey
 from coordinator.core.validation import check_install, install_unit_count
 from coordinator.metrics import Metrics
 from coordinator.server.scheduling import (
-    BACKGROUND_NICENESS,
     courtesy_pauses,
+    make_background,
     to_background_thread,
 )
 from protocol.errors import ApiError, ErrorCode
@@ -274,11 +273,9 @@ def init_pool_process() -> bool:
 
 
 def lower_priority() -> bool:
-    """Lower the priority of this (assignor worker) process."""
-    try:
-        os.nice(BACKGROUND_NICENESS)
-    except OSError:
-        pass  # not permitted here: run at normal priority
+    """Lower the priority of this (assignor worker) process (where not permitted it runs
+    at normal priority)."""
+    make_background()
     return True
 
 

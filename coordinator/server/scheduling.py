@@ -34,8 +34,8 @@ log = structlog.get_logger("coordinator.scheduling")
 
 EVENT_LOOP_SLICE_NS = 100_000  # the kernel's minimum custom slice
 # Work moved off the event loop (assignor runs in the pool's processes; log flushes,
-# compaction and install checks in threads) runs this much nicer than the loop, so the loop,
-# which answers heartbeats, gets a CPU first on a busy machine.
+# compaction and install checks in threads) runs this much nicer than the loop, and in
+# SCHED_BATCH (`make_background`), so the loop, which answers heartbeats, gets a CPU first.
 BACKGROUND_NICENESS = 10
 
 T = TypeVar("T")
@@ -85,22 +85,30 @@ def request_short_slice(slice_ns: int = EVENT_LOOP_SLICE_NS) -> bool:
 _background = threading.local()
 
 
-def lower_thread_priority() -> bool:
-    """Make the calling thread BACKGROUND_NICENESS nicer than it was created (once per
-    thread); False where threads have no niceness of their own (only Linux's do) or the
-    system refuses."""
-    if getattr(_background, "lowered", False):
-        return True
+def make_background() -> bool:
+    """Give the calling thread a background priority: BACKGROUND_NICENESS nicer than it is,
+    in SCHED_BATCH. A batch task that wakes up never preempts the running one (the kernel
+    leaves it to the next tick), so it does not cut into the event loop's steps, which a
+    woken fsync thread or pool process did even at niceness 10 (perf sched); over time it
+    still gets its niceness's share, so unlike SCHED_IDLE it cannot starve. False where
+    threads have no priority of their own (only Linux's do) or the system refuses."""
     if platform.system() != "Linux":
         return False
     thread = threading.get_native_id()
     try:
         niceness = os.getpriority(os.PRIO_PROCESS, thread)
         os.setpriority(os.PRIO_PROCESS, thread, min(19, niceness + BACKGROUND_NICENESS))
+        os.sched_setscheduler(thread, os.SCHED_BATCH, os.sched_param(0))
     except OSError:
         return False
-    _background.lowered = True
     return True
+
+
+def lower_thread_priority() -> bool:
+    """`make_background`, once per thread."""
+    if not getattr(_background, "lowered", False):
+        _background.lowered = make_background()
+    return bool(_background.lowered)
 
 
 async def to_background_thread(fn: Callable[..., T], *args: object) -> T:

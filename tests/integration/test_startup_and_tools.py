@@ -210,10 +210,15 @@ async def test_serve_asks_for_a_short_cpu_slice_for_its_event_loop(tmp_path: Pat
         server.kill()
 
 
-def _niceness(stat: str) -> int:
+SCHED_OTHER, SCHED_BATCH = 0, 3
+
+
+def _priority(stat: str) -> tuple[int, int]:
     # /proc/PID/task/TID/stat: the name is in parentheses and may hold spaces; the fields
-    # after it start at the state (3rd), so niceness (19th) is the 17th after the name.
-    return int(stat.rpartition(")")[2].split()[16])
+    # after it start at the state (3rd), so niceness (19th) is the 17th after the name and
+    # the policy (41st) the 39th.
+    fields = stat.rpartition(")")[2].split()
+    return int(fields[16]), int(fields[38])
 
 
 async def test_serve_flushes_its_log_in_a_thread_nicer_than_its_event_loop(
@@ -226,10 +231,11 @@ async def test_serve_flushes_its_log_in_a_thread_nicer_than_its_event_loop(
         status, _ = await server.http("PUT", "/groups/g/connectors/source", {"tasks": 2})
         assert status == 200
         tasks = trio.Path(f"/proc/{server.process.pid}/task")
-        niceness = {int(task.name): _niceness(await (task / "stat").read_text())
+        priority = {int(task.name): _priority(await (task / "stat").read_text())
                     for task in await tasks.iterdir()}
-        loop = niceness.pop(server.process.pid)
-        assert loop == _niceness(await trio.Path("/proc/self/stat").read_text())
-        assert min(19, loop + BACKGROUND_NICENESS) in niceness.values()
+        loop_niceness, loop_policy = priority.pop(server.process.pid)
+        assert loop_policy == SCHED_OTHER
+        assert loop_niceness == _priority(await trio.Path("/proc/self/stat").read_text())[0]
+        assert (min(19, loop_niceness + BACKGROUND_NICENESS), SCHED_BATCH) in priority.values()
     finally:
         server.kill()

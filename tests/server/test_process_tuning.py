@@ -81,8 +81,10 @@ async def test_assignor_worker_processes_run_at_a_lower_priority_without_the_col
 
     async with trio_parallel.open_worker_context(init=init_pool_process) as context:
         niceness = await context.run_sync(os.nice, 0)
+        policy = await context.run_sync(os.sched_getscheduler, 0)
         collecting = await context.run_sync(gc.isenabled)
     assert niceness == min(19, os.nice(0) + BACKGROUND_NICENESS)
+    assert policy == os.SCHED_BATCH  # woken, it waits for the next tick to preempt anyone
     assert not collecting
 
 
@@ -188,14 +190,16 @@ async def test_work_handed_to_a_thread_runs_nicer_than_the_event_loop() -> None:
 
     from coordinator.server.scheduling import BACKGROUND_NICENESS, to_background_thread
 
-    def niceness() -> int:
-        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    def priority() -> tuple[int, int]:
+        thread = threading.get_native_id()
+        return os.getpriority(os.PRIO_PROCESS, thread), os.sched_getscheduler(thread)
 
-    loop = niceness()
-    assert await to_background_thread(niceness) == min(19, loop + BACKGROUND_NICENESS)
+    loop = priority()
+    background = (min(19, loop[0] + BACKGROUND_NICENESS), os.SCHED_BATCH)
+    assert await to_background_thread(priority) == background
     # once per thread: trio reuses it, and a second job does not lower it again
-    assert await to_background_thread(niceness) == min(19, loop + BACKGROUND_NICENESS)
-    assert niceness() == loop
+    assert await to_background_thread(priority) == background
+    assert priority() == loop
 
 
 def _spin_with_courtesy_pauses(seconds: float) -> tuple[bool, int]:
