@@ -26,9 +26,11 @@ the runtime then arms ``core.timers_after_load(now)`` and flips ``ready``.
 
 from __future__ import annotations
 
+import functools
 import gc
 import heapq
 import math
+import os
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -266,16 +268,18 @@ async def _pack(packer: SpecPacker, assignor: ServerAssignor, spec: AssignmentSp
     raise AssertionError("pack_in_steps ends with the packed run")
 
 
-def init_pool_process() -> bool:
-    """Run in each assignor worker process as it starts (trio-parallel's `init`)."""
+def init_pool_process(loop_niceness: int) -> bool:
+    """Run in each assignor worker process as it starts (trio-parallel's `init`), with the
+    event loop's niceness: a process inherits the niceness of the thread that started it,
+    which may be a background thread."""
     gc.disable()
-    return lower_priority()
+    return lower_priority(loop_niceness)
 
 
-def lower_priority() -> bool:
-    """Lower the priority of this (assignor worker) process (where not permitted it runs
-    at normal priority)."""
-    make_background()
+def lower_priority(loop_niceness: int) -> bool:
+    """Lower the priority of this (assignor worker) process below the event loop's (where
+    not permitted it keeps the priority it has)."""
+    make_background(loop_niceness)
     return True
 
 
@@ -407,7 +411,8 @@ class Runtime:
         async with AsyncExitStack() as contexts:
             self._pool = AssignorPool([
                 await contexts.enter_async_context(
-                    trio_parallel.open_worker_context(init=init_pool_process))
+                    trio_parallel.open_worker_context(
+                        init=functools.partial(init_pool_process, os.nice(0))))
                 for _ in range(self.config.background_threads)])
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery

@@ -85,18 +85,20 @@ def request_short_slice(slice_ns: int = EVENT_LOOP_SLICE_NS) -> bool:
 _background = threading.local()
 
 
-def make_background() -> bool:
-    """Give the calling thread a background priority: BACKGROUND_NICENESS nicer than it is,
-    in SCHED_BATCH. A batch task that wakes up never preempts the running one (the kernel
-    leaves it to the next tick), so it does not cut into the event loop's steps, which a
-    woken fsync thread or pool process did even at niceness 10 (perf sched); over time it
-    still gets its niceness's share, so unlike SCHED_IDLE it cannot starve. False where
-    threads have no priority of their own (only Linux's do) or the system refuses."""
+def make_background(base_niceness: int | None = None) -> bool:
+    """Give the calling thread a background priority: BACKGROUND_NICENESS nicer than
+    `base_niceness` (default: its own), in SCHED_BATCH. A batch task that wakes up never
+    preempts the running one (the kernel leaves it to the next tick), so it does not cut
+    into the event loop's steps, which a woken fsync thread or pool process did even at
+    niceness 10 (perf sched); over time it still gets its niceness's share, so unlike
+    SCHED_IDLE it cannot starve. False where threads have no priority of their own (only
+    Linux's do) or the system refuses."""
     if platform.system() != "Linux":
         return False
     thread = threading.get_native_id()
     try:
-        niceness = os.getpriority(os.PRIO_PROCESS, thread)
+        niceness = os.getpriority(os.PRIO_PROCESS, thread) if base_niceness is None \
+            else base_niceness
         os.setpriority(os.PRIO_PROCESS, thread, min(19, niceness + BACKGROUND_NICENESS))
         os.sched_setscheduler(thread, os.SCHED_BATCH, os.sched_param(0))
     except OSError:
@@ -105,20 +107,21 @@ def make_background() -> bool:
 
 
 def lower_thread_priority() -> bool:
-    """`make_background`, once per thread."""
-    if not getattr(_background, "lowered", False):
-        _background.lowered = make_background()
-    return bool(_background.lowered)
+    """`make_background`, tried once per thread (a second try could lower it twice)."""
+    lowered: bool | None = getattr(_background, "lowered", None)
+    if lowered is None:
+        lowered = _background.lowered = make_background()
+    return lowered
 
 
 async def to_background_thread(fn: Callable[..., T], *args: object) -> T:
     """`trio.to_thread.run_sync` in a thread of lower priority than the event loop's.
 
-    Without it a log flush cost the loop more than its own work: each fsync wakes its
-    thread several times, and a woken thread took the CPU from the loop in the middle of
-    answering heartbeats (330 times a second while assignor runs were in flight; perf
-    sched, BENCHMARKS.md). trio reuses its threads, so every thread the coordinator hands
-    work to ends up at this priority, which is what it wants for all of them.
+    Each fsync wakes its thread several times, and at the loop's priority a woken thread
+    took the CPU from the loop in the middle of answering heartbeats (about 400 times and
+    35 ms a second while assignor runs were in flight; perf sched, BENCHMARKS.md). trio
+    reuses its threads, so every thread the coordinator hands work to ends up at this
+    priority, which is what it wants for all of them.
     """
     def lowered() -> T:
         lower_thread_priority()

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import gc
+import os
 import threading
 import weakref
 from pathlib import Path
@@ -79,7 +81,8 @@ async def test_assignor_worker_processes_run_at_a_lower_priority_without_the_col
     from coordinator.server.runtime import init_pool_process
     from coordinator.server.scheduling import BACKGROUND_NICENESS
 
-    async with trio_parallel.open_worker_context(init=init_pool_process) as context:
+    async with trio_parallel.open_worker_context(
+            init=functools.partial(init_pool_process, os.nice(0))) as context:
         niceness = await context.run_sync(os.nice, 0)
         policy = await context.run_sync(os.sched_getscheduler, 0)
         collecting = await context.run_sync(gc.isenabled)
@@ -202,6 +205,26 @@ async def test_work_handed_to_a_thread_runs_nicer_than_the_event_loop() -> None:
     assert priority() == loop
 
 
+def test_a_pool_process_started_by_a_background_thread_is_as_nice_as_meant() -> None:
+    # A process inherits the niceness of the thread that starts it (trio-parallel may start
+    # one from a thread the log flush lowered): the pool's own step starts from the loop's.
+    from coordinator.server.scheduling import BACKGROUND_NICENESS, make_background
+
+    loop = os.nice(0)
+    seen: list[int] = []
+
+    def started_by_a_background_thread() -> None:
+        thread = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, thread, min(19, loop + BACKGROUND_NICENESS))
+        make_background(loop)
+        seen.append(os.getpriority(os.PRIO_PROCESS, thread))
+
+    worker = threading.Thread(target=started_by_a_background_thread)
+    worker.start()
+    worker.join()
+    assert seen == [min(19, loop + BACKGROUND_NICENESS)]  # not twice as nice
+
+
 def _spin_with_courtesy_pauses(seconds: float) -> tuple[bool, int]:
     """Compute for `seconds` inside courtesy_pauses; how many pauses were taken."""
     import time
@@ -246,7 +269,8 @@ async def test_courtesy_pauses_work_in_a_pool_process() -> None:
 
     from coordinator.server.runtime import init_pool_process
 
-    async with trio_parallel.open_worker_context(init=init_pool_process) as context:
+    async with trio_parallel.open_worker_context(
+            init=functools.partial(init_pool_process, os.nice(0))) as context:
         active, taken = await context.run_sync(_spin_with_courtesy_pauses, 0.05)
     assert active and taken >= 20
 
