@@ -273,13 +273,7 @@ def init_pool_process(loop_niceness: int) -> bool:
     event loop's niceness: a process inherits the niceness of the thread that started it,
     which may be a background thread."""
     gc.disable()
-    return lower_priority(loop_niceness)
-
-
-def lower_priority(loop_niceness: int) -> bool:
-    """Lower the priority of this (assignor worker) process below the event loop's (where
-    not permitted it keeps the priority it has)."""
-    make_background(loop_niceness)
+    make_background(loop_niceness)  # where not permitted it keeps the priority it has
     return True
 
 
