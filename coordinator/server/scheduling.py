@@ -106,12 +106,11 @@ def make_background(base_niceness: int | None = None) -> bool:
     return True
 
 
-def lower_thread_priority() -> bool:
+def lower_thread_priority() -> None:
     """`make_background`, tried once per thread (a second try could lower it twice)."""
-    lowered: bool | None = getattr(_background, "lowered", None)
-    if lowered is None:
-        lowered = _background.lowered = make_background()
-    return lowered
+    if not getattr(_background, "tried", False):
+        _background.tried = True
+        make_background()
 
 
 async def to_background_thread(fn: Callable[..., T], *args: object) -> T:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import struct
 import subprocess
 import sys
@@ -210,9 +211,6 @@ async def test_serve_asks_for_a_short_cpu_slice_for_its_event_loop(tmp_path: Pat
         server.kill()
 
 
-SCHED_OTHER, SCHED_BATCH = 0, 3
-
-
 def _priority(stat: str) -> tuple[int, int]:
     # /proc/PID/task/TID/stat: the name is in parentheses and may hold spaces; the fields
     # after it start at the state (3rd), so niceness (19th) is the 17th after the name and
@@ -234,8 +232,8 @@ async def test_serve_flushes_its_log_in_a_thread_nicer_than_its_event_loop(
         priority = {int(task.name): _priority(await (task / "stat").read_text())
                     for task in await tasks.iterdir()}
         loop_niceness, loop_policy = priority.pop(server.process.pid)
-        assert loop_policy == SCHED_OTHER
+        assert loop_policy == os.SCHED_OTHER
         assert loop_niceness == _priority(await trio.Path("/proc/self/stat").read_text())[0]
-        assert (min(19, loop_niceness + BACKGROUND_NICENESS), SCHED_BATCH) in priority.values()
+        assert (min(19, loop_niceness + BACKGROUND_NICENESS), os.SCHED_BATCH) in priority.values()
     finally:
         server.kill()

@@ -74,8 +74,6 @@ async def test_a_burst_of_new_objects_is_collected_before_the_minute_is_up() -> 
 
 async def test_assignor_worker_processes_run_at_a_lower_priority_without_the_collector(
         ) -> None:
-    import os
-
     import trio_parallel
 
     from coordinator.server.runtime import init_pool_process
@@ -189,8 +187,6 @@ def test_the_event_loop_thread_asks_for_a_short_cpu_slice() -> None:
 
 
 async def test_work_handed_to_a_thread_runs_nicer_than_the_event_loop() -> None:
-    import os
-
     from coordinator.server.scheduling import BACKGROUND_NICENESS, to_background_thread
 
     def priority() -> tuple[int, int]:
