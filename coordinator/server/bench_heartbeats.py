@@ -33,7 +33,9 @@ the client's own scheduling.
 ASSIGNOR_WORKERS lightweight members (raw `KafkaClient` joins on a few connections, naming
 the server assignor `balanced`, heartbeating every 20 s) gets ASSIGNOR_CONNECTORS
 connectors holding ASSIGNOR_TASKS tasks in all, with `connect.assignment.interval.ms` 0.
-Every round then measures a baseline window (no assignor run anywhere) followed by
+Every round then measures a baseline window (no assignor run anywhere, and every member of
+that group STABLE at its target: they heartbeat every 20 s, so the bench wakes them to get
+there first, instead of letting them write their records during the window) followed by
 (`--assignor-windows`, default both):
 
 * a continuously loaded window: the bench resizes one of that group's connectors (N <-> N+1
@@ -118,13 +120,17 @@ async def heartbeat_member(client: KafkaClient, group: str, member: str, *,
                            pause_s: Callable[[], float] | None,
                            on_answer: Callable[[int], None],
                            server_assignor: str | None = None,
-                           rebalance_timeout_ms: int = 60_000) -> None:
+                           rebalance_timeout_ms: int = 60_000,
+                           wake: Callable[[], trio.Event] | None = None) -> None:
     """A member that only heartbeats, until cancelled: it joins, acknowledges each new
     assignment at once (a revocation must be), and otherwise sends a stable heartbeat after
-    `pause_s()` seconds (None: the interval the coordinator asks for). `on_answer` gets the
-    member epoch of every accepted answer. Errors other than a fencing (rejoin) are retried
-    after half a second."""
+    `pause_s()` seconds (None: the interval the coordinator asks for), or as soon as the
+    event `wake()` returned when the pause began is set; the pause after that is a random
+    part of the interval, so that members woken together do not heartbeat together from
+    then on. `on_answer` gets the member epoch of every accepted answer. Errors other than
+    a fencing (rejoin) are retried after half a second."""
     epoch, owned, send_owned = 0, None, None
+    woken = False
     while True:
         if epoch == 0:
             request = ConnectGroupHeartbeatRequest(
@@ -148,7 +154,15 @@ async def heartbeat_member(client: KafkaClient, group: str, member: str, *,
             owned = send_owned = response.assignment.assigned
             continue
         send_owned = None
-        await trio.sleep(response.heartbeat_interval_ms / 1000 if pause_s is None else pause_s())
+        pause = response.heartbeat_interval_ms / 1000 if pause_s is None else pause_s()
+        if woken:
+            pause, woken = random.uniform(0, pause), False
+        if wake is None:
+            await trio.sleep(pause)
+        else:
+            with trio.move_on_after(pause):
+                await wake().wait()
+                woken = True
 
 
 # ============================================================================ load process
@@ -805,6 +819,7 @@ class BigGroup:
         self.puts = 0
         self._clients: list[KafkaClient] = []
         self._epochs: dict[str, int] = {}
+        self._wake = trio.Event()  # set: every member heartbeats now
 
     def _url(self, path: str) -> str:
         return f"{self.target.admin}{self._path(path)}"
@@ -853,7 +868,26 @@ class BigGroup:
 
         reported: set[str] = set()
         await heartbeat_member(client, self.group, member, pause_s=None, on_answer=answered,
-                               server_assignor="balanced", rebalance_timeout_ms=600_000)
+                               server_assignor="balanced", rebalance_timeout_ms=600_000,
+                               wake=lambda: self._wake)
+
+    async def wait_reconciled(self, timeout_s: float) -> None:
+        """Until every member is STABLE at the group's assignment epoch. The members
+        heartbeat every 20 s, so after a new target (the set-up's, or a window's last
+        resize) they would reach it during the next 20 s, writing a record each: that is
+        not the quiet a baseline window is meant to have. So they are woken to heartbeat
+        now, and again while some are still on their way."""
+        with trio.move_on_after(timeout_s):
+            while True:
+                self._wake.set()
+                self._wake = trio.Event()
+                await trio.sleep(1.0)
+                # ~1 s of the coordinator's time at 1,000 x 50,000: never inside a window.
+                if not _unsettled(await _describe(self.target, [self.group]),
+                                  len(self.members)):
+                    return
+        raise BenchError(f"{self.group}: the members did not reach the group's target "
+                         f"within {timeout_s} s")
 
     async def wait_idle(self, timeout_s: float) -> None:
         """Until the target is computed for the current group epoch and no run is running."""
@@ -1141,6 +1175,7 @@ async def _rounds(processes: Sequence[LoadProcess], big: BigGroup | None, target
         if big is None:
             measured.baseline.append(await _window(processes, args.duration, target))
             continue
+        await big.wait_reconciled(args.settle_timeout)
         before = await _scrape(target)
         measured.baseline.append(await _window(processes, args.duration, target))
         measured.baseline_runs += int((await _scrape(target))["runs_ok"] - before["runs_ok"])

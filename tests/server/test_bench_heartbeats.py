@@ -6,6 +6,7 @@ these tests take a few seconds each.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -15,6 +16,7 @@ from typing import Any
 
 import pytest
 import structlog
+import trio
 
 from coordinator import cli
 from coordinator.server.app import ServerHandle
@@ -22,6 +24,7 @@ from coordinator.server.bench_heartbeats import (
     AdminConnection,
     BenchError,
     ServerLog,
+    heartbeat_member,
     in_flight_figures,
     split_by_runs,
     summarize,
@@ -256,3 +259,34 @@ def test_the_coordinator_s_log_file_is_read_as_it_grows(tmp_path: Path) -> None:
         file.flush()
         assert log.landed_runs() == (2, [(10.5, 10.52), (11.0, 11.03)])
     assert list(log.tail)[-1] == second
+
+
+async def test_woken_members_heartbeat_at_once_then_each_at_its_own_point_of_the_interval(
+        autojump_clock: Any) -> None:
+    # The big group's members are woken so that they reach the group's target before a
+    # baseline window; woken together, they must not heartbeat together from then on.
+    sent: dict[str, list[float]] = {}
+
+    class Client:
+        async def request(self, _api: int, request: Any) -> ConnectGroupHeartbeatResponse:
+            sent.setdefault(request.member_id, []).append(trio.current_time())
+            return ConnectGroupHeartbeatResponse(throttle_time_ms=0, error_code=0,
+                                                 member_epoch=1, heartbeat_interval_ms=100_000)
+
+    wake = [trio.Event()]  # as BigGroup does: set, then replaced for the next wake-up
+    async with trio.open_nursery() as nursery:
+        for index in range(20):
+            nursery.start_soon(functools.partial(
+                heartbeat_member, Client(), "g", f"m{index}", pause_s=None,
+                on_answer=lambda _epoch: None, wake=lambda: wake[0]))
+        await trio.sleep(10)
+        assert all(times == [0.0] for times in sent.values())  # joined, then pausing 100 s
+        wake[0].set()
+        wake[0] = trio.Event()
+        await trio.sleep(100)
+        nursery.cancel_scope.cancel()
+    assert len(sent) == 20
+    for times in sent.values():
+        assert times[1] == 10.0  # at once
+        assert len(times) == 3 and 10.0 < times[2] < 110.0  # within the interval...
+    assert len({times[2] for times in sent.values()}) == 20  # ...each at its own point
