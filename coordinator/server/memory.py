@@ -14,15 +14,24 @@ cyclic garbage comes to about 100 objects a second. So `serve`:
   own objects) out of the collector's sight (`gc.freeze`);
 * then turns automatic collection off and collects on a timer, once a minute, and freezes
   what survived: each collection walks only what was allocated in the last minute and is
-  still alive (3-7 ms under `bench heartbeats --assignor-load`), instead of the whole
+  still alive (3-20 ms under `bench heartbeats --assignor-load`), instead of the whole
   heap (30-50 ms: falling inside an assignor run, a dozen heartbeats waited for it);
-* collects sooner, checked twice a second, once YOUNG_LIMIT objects allocated since the
-  last collection are still alive: a burst of new state (a group of 1,000 members and
-  50,000 tasks forming takes about 260,000) is then walked in pauses of a few
-  milliseconds, not in one of 40-95 ms at the next minute;
-* cyclic garbage among frozen objects (alive for a minute, then dropped in a cycle) waits
-  for the full pass: every half hour, a collection unfreezes everything first, one pause
-  of a few tens of milliseconds.
+* in between, checked twice a second, once YOUNG_LIMIT objects allocated since the last
+  collection are still alive, freezes them without walking them (`gc.freeze` moves the
+  young generation's list as a whole): they are new state, not garbage. A collection of
+  them took 6-22 ms, several times a 30 s window under that bench (its in-flight windows
+  allocate faster: every member of the big group moving to a new epoch), and those
+  pauses made the window's slowest heartbeats (a `gc.collect` probe, BENCHMARKS.md).
+  Smaller, more frequent collections do not help: about 7,000 objects are always young
+  and alive (every connection's task makes new coroutines each time it waits for data),
+  and each collection walks them again;
+* but only while the last collection found the young objects nearly all alive (at most
+  GARBAGE_SHARE unreachable; 24-28 of 20,000 under that bench). When one finds more (a
+  client whose requests leave cycles behind, say), the coordinator collects at
+  YOUNG_LIMIT instead, and the next check is a full pass, for what was frozen meanwhile;
+* cyclic garbage among frozen objects (frozen young, or alive at a collection and dropped
+  in a cycle later) waits for the full pass: every half hour, a collection unfreezes
+  everything first, one pause of a few tens of milliseconds.
 
 The figures are in BENCHMARKS.md ("Heartbeat p99 while a 1,000 x 50,000 run is in flight").
 """
@@ -30,6 +39,7 @@ The figures are in BENCHMARKS.md ("Heartbeat p99 while a 1,000 x 50,000 run is i
 from __future__ import annotations
 
 import gc
+import math
 import time
 
 import structlog
@@ -40,8 +50,9 @@ log = structlog.get_logger("coordinator.memory")
 LOAD_YOUNG_THRESHOLD = 50_000
 COLLECTION_EVERY_S = 60.0
 FULL_COLLECTION_EVERY = 30  # a full pass every 30 x COLLECTION_EVERY_S: half an hour
-YOUNG_LIMIT = 20_000  # young objects still alive: a collection of them takes about 3 ms
+YOUNG_LIMIT = 5_000  # young objects still alive: frozen (or collected, see above)
 CHECK_EVERY_S = 0.5
+GARBAGE_SHARE = 0.01  # of the young objects, found unreachable by a timed collection
 
 
 def tune_collector() -> None:
@@ -66,27 +77,45 @@ async def collect_periodically(every_s: float = COLLECTION_EVERY_S,
                                full_every: int = FULL_COLLECTION_EVERY,
                                young_limit: int = YOUNG_LIMIT,
                                check_every_s: float = CHECK_EVERY_S) -> None:
-    """Collect what is newer than the last collection every `every_s` seconds, or as soon
-    as `young_limit` such objects are alive (checked every `check_every_s`), then freeze
-    the survivors; every `full_every` x `every_s` seconds, unfreeze everything first (a
-    full pass)."""
+    """Collect what is newer than the last collection every `every_s` seconds and freeze
+    the survivors; in between, freeze `young_limit` such objects as soon as they are alive
+    (checked every `check_every_s`), or collect them while the last collection found more
+    than GARBAGE_SHARE of its young objects unreachable. Every `full_every` x `every_s`
+    seconds, and after such a finding if any were frozen unwalked, unfreeze everything
+    first (a full pass)."""
     check_s = min(check_every_s, every_s)
     last = last_full = trio.current_time()
+    garbage_scarce = True  # what the log load left was collected and frozen
+    frozen_unwalked = False  # young objects frozen without a walk since the last full pass
     try:
         while True:
             await trio.sleep(check_s)
             now = trio.current_time()
             young = gc.get_count()[0]  # tracked objects allocated and not freed since
-            if now - last < every_s - 1e-9 and young < young_limit:
-                continue
             full = now - last_full >= every_s * full_every - 1e-9
+            timed = full or now - last >= every_s - 1e-9
+            if not timed:
+                if young < young_limit:
+                    continue
+                if garbage_scarce:
+                    gc.freeze()  # no walk: moves the young generation's list as it is
+                    frozen_unwalked = True
+                    log.debug("gc_young_frozen", young=young)
+                    continue
             started = time.perf_counter()
             if full:
                 gc.unfreeze()
                 last_full = now
             found = gc.collect()
             gc.freeze()
-            last = now
+            if timed:
+                last = now
+            if full:
+                frozen_unwalked = False
+            else:
+                garbage_scarce = found <= GARBAGE_SHARE * young
+                if frozen_unwalked and not garbage_scarce:
+                    last_full = -math.inf  # garbage may have been frozen too: look there
             elapsed_ms = (time.perf_counter() - started) * 1000
             log.debug("gc_collected", full=full, young=young, unreachable=found,
                       ms=round(elapsed_ms, 1))

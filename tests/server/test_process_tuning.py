@@ -45,9 +45,11 @@ async def test_cycles_are_collected_on_the_timer_and_gc_is_back_on_after() -> No
         gc.enable()
 
 
-async def test_a_burst_of_new_objects_is_collected_before_the_minute_is_up() -> None:
+async def test_young_objects_past_the_limit_are_frozen_without_a_walk(
+        autojump_clock: trio.testing.MockClock) -> None:
     # Once `young_limit` objects allocated since the last collection are alive, the next
-    # check collects (and freezes them), so no later collection walks all of them at once.
+    # check freezes them as they are: no collection walks them (a cycle dropped among them
+    # is not found), and none later does either, until the full pass.
     gc.disable()
     try:
         gc.collect()
@@ -56,15 +58,54 @@ async def test_a_burst_of_new_objects_is_collected_before_the_minute_is_up() -> 
         first.other, second.other = second, first
         alive = weakref.ref(first)
         del first, second
+        frozen_before = gc.get_freeze_count()
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(collect_periodically, 3600.0, 30, 5_000, 0.01)
-            await trio.sleep(0.1)
-            assert alive() is not None  # few young objects: the timer's turn, in an hour
+            nursery.start_soon(collect_periodically, 60.0, 30, 5_000, 0.5)
             burst = [Node() for _ in range(6_000)]
-            with trio.fail_after(5):
-                while alive() is not None:  # noqa: ASYNC110 - waits on the collector
-                    await trio.sleep(0.01)
-            assert gc.get_count()[0] < 5_000  # the burst survived, frozen
+            await trio.sleep(0.75)  # one check
+            assert gc.get_freeze_count() >= frozen_before + 6_000  # the burst, frozen
+            assert gc.get_count()[0] < 5_000
+            assert alive() is not None  # not walked: the cycle is still there
+            await trio.sleep(60)  # the timed collection walks only what came since
+            assert alive() is not None
+            nursery.cancel_scope.cancel()
+        assert len(burst) == 6_000
+    finally:
+        gc.unfreeze()
+        gc.enable()
+
+
+async def test_once_a_collection_finds_garbage_the_limit_collects_and_a_full_pass_follows(
+        autojump_clock: trio.testing.MockClock) -> None:
+    # A client whose requests leave cycles behind: freezing them would keep them until the
+    # half-hourly full pass. When a collection finds more than GARBAGE_SHARE of the young
+    # objects unreachable, what was frozen unwalked gets a full pass at the next check,
+    # and young objects past the limit are collected from then on, not frozen.
+    def cycles(count: int) -> weakref.ref[Node]:
+        nodes = [Node() for _ in range(2 * count)]
+        for one, other in zip(nodes[::2], nodes[1::2], strict=True):
+            one.other, other.other = other, one
+        return weakref.ref(nodes[0])
+
+    gc.disable()
+    try:
+        gc.collect()
+        gc.freeze()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(collect_periodically, 10.0, 1_000, 5_000, 0.5)
+            frozen_cycle = cycles(1)
+            burst = [Node() for _ in range(6_000)]
+            await trio.sleep(0.75)  # frozen with the burst, unwalked
+            assert frozen_cycle() is not None
+            young_cycles = cycles(500)  # 1,000 objects, all garbage: well over 1%
+            await trio.sleep(9.5)  # the timed collection, at 10 s, finds them
+            assert young_cycles() is None
+            assert frozen_cycle() is not None
+            await trio.sleep(0.5)  # the next check is a full pass
+            assert frozen_cycle() is None
+            many_cycles = cycles(3_000)  # 6,000 young objects, garbage
+            await trio.sleep(0.5)  # past the limit: collected, not frozen
+            assert many_cycles() is None
             nursery.cancel_scope.cancel()
         assert len(burst) == 6_000
     finally:
