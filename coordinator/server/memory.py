@@ -25,9 +25,9 @@ cyclic garbage comes to about 100 objects a second. So `serve`:
   Smaller, more frequent collections do not help: about 7,000 objects are always young
   and alive (every connection's task makes new coroutines each time it waits for data),
   and each collection walks them again;
-* but only while the last collection found the young objects nearly all alive (at most
-  GARBAGE_SHARE unreachable; 24-28 of 20,000 under that bench). When one finds more (a
-  client whose requests leave cycles behind, say), the coordinator collects at
+* but only while the last collection found little cyclic garbage: at most GARBAGE_PER_S
+  a second since the freeze before it (about 2 a second under that bench). When one finds
+  more (a client whose requests leave cycles behind, say), the coordinator collects at
   YOUNG_LIMIT instead, and the next check is a full pass, for what was frozen meanwhile;
 * cyclic garbage among frozen objects (frozen young, or alive at a collection and dropped
   in a cycle later) waits for the full pass: every half hour, a collection unfreezes
@@ -52,7 +52,10 @@ COLLECTION_EVERY_S = 60.0
 FULL_COLLECTION_EVERY = 30  # a full pass every 30 x COLLECTION_EVERY_S: half an hour
 YOUNG_LIMIT = 5_000  # young objects still alive: frozen (or collected, see above)
 CHECK_EVERY_S = 0.5
-GARBAGE_SHARE = 0.01  # of the young objects, found unreachable by a timed collection
+# Cyclic garbage a collection finds, per second since the last freeze: at or below this,
+# freezing young objects without a walk keeps at most this many a second until the full
+# pass (about 2 a second under `bench heartbeats --assignor-load`).
+GARBAGE_PER_S = 100
 
 
 def tune_collector() -> None:
@@ -80,11 +83,11 @@ async def collect_periodically(every_s: float = COLLECTION_EVERY_S,
     """Collect what is newer than the last collection every `every_s` seconds and freeze
     the survivors; in between, freeze `young_limit` such objects as soon as they are alive
     (checked every `check_every_s`), or collect them while the last collection found more
-    than GARBAGE_SHARE of its young objects unreachable. Every `full_every` x `every_s`
-    seconds, and after such a finding if any were frozen unwalked, unfreeze everything
-    first (a full pass)."""
+    than GARBAGE_PER_S cyclic garbage a second. Every `full_every` x `every_s` seconds, and
+    after such a finding if any were frozen unwalked, unfreeze everything first (a full
+    pass)."""
     check_s = min(check_every_s, every_s)
-    last = last_full = trio.current_time()
+    last = last_full = last_freeze = trio.current_time()
     garbage_scarce = True  # what the log load left was collected and frozen
     frozen_unwalked = False  # young objects frozen without a walk since the last full pass
     try:
@@ -99,7 +102,7 @@ async def collect_periodically(every_s: float = COLLECTION_EVERY_S,
                     continue
                 if garbage_scarce:
                     gc.freeze()  # no walk: moves the young generation's list as it is
-                    frozen_unwalked = True
+                    frozen_unwalked, last_freeze = True, now
                     log.debug("gc_young_frozen", young=young)
                     continue
             started = time.perf_counter()
@@ -112,10 +115,11 @@ async def collect_periodically(every_s: float = COLLECTION_EVERY_S,
                 last = now
             if full:
                 frozen_unwalked = False
-            else:
-                garbage_scarce = found <= GARBAGE_SHARE * young
+            else:  # it walked what was allocated since the last freeze
+                garbage_scarce = found <= GARBAGE_PER_S * (now - last_freeze)
                 if frozen_unwalked and not garbage_scarce:
                     last_full = -math.inf  # garbage may have been frozen too: look there
+            last_freeze = now
             elapsed_ms = (time.perf_counter() - started) * 1000
             log.debug("gc_collected", full=full, young=young, unreachable=found,
                       ms=round(elapsed_ms, 1))

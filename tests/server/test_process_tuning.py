@@ -66,7 +66,13 @@ async def test_young_objects_past_the_limit_are_frozen_without_a_walk(
             assert gc.get_freeze_count() >= frozen_before + 6_000  # the burst, frozen
             assert gc.get_count()[0] < 5_000
             assert alive() is not None  # not walked: the cycle is still there
-            await trio.sleep(60)  # the timed collection walks only what came since
+            few = [Node() for _ in range(30)]  # a little cyclic garbage, as a server makes
+            for one, other in zip(few[::2], few[1::2], strict=True):
+                one.other, other.other = other, one
+            del few, one, other
+            # The timed collection, at 60 s, walks only what came since the freeze and
+            # finds those 30: too few a second to look among the frozen (a full pass).
+            await trio.sleep(60)
             assert alive() is not None
             nursery.cancel_scope.cancel()
         assert len(burst) == 6_000
@@ -78,8 +84,8 @@ async def test_young_objects_past_the_limit_are_frozen_without_a_walk(
 async def test_once_a_collection_finds_garbage_the_limit_collects_and_a_full_pass_follows(
         autojump_clock: trio.testing.MockClock) -> None:
     # A client whose requests leave cycles behind: freezing them would keep them until the
-    # half-hourly full pass. When a collection finds more than GARBAGE_SHARE of the young
-    # objects unreachable, what was frozen unwalked gets a full pass at the next check,
+    # half-hourly full pass. When a collection finds more than GARBAGE_PER_S unreachable
+    # objects a second, what was frozen unwalked gets a full pass at the next check,
     # and young objects past the limit are collected from then on, not frozen.
     def cycles(count: int) -> weakref.ref[Node]:
         nodes = [Node() for _ in range(2 * count)]
@@ -97,7 +103,7 @@ async def test_once_a_collection_finds_garbage_the_limit_collects_and_a_full_pas
             burst = [Node() for _ in range(6_000)]
             await trio.sleep(0.75)  # frozen with the burst, unwalked
             assert frozen_cycle() is not None
-            young_cycles = cycles(500)  # 1,000 objects, all garbage: well over 1%
+            young_cycles = cycles(1_000)  # garbage: 2,000 objects in 9.5 s, over 100 a second
             await trio.sleep(9.5)  # the timed collection, at 10 s, finds them
             assert young_cycles() is None
             assert frozen_cycle() is not None
