@@ -288,15 +288,41 @@ def test_courtesy_pauses_interrupt_a_computation_and_leave_nothing_behind() -> N
 
     from coordinator.server import scheduling
 
-    handler = signal.getsignal(signal.SIGALRM)
-    active, taken = _spin_with_courtesy_pauses(0.05)
-    assert active
-    assert taken >= 20  # one every 0.5 ms: about 90 in 50 ms
-    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
-    assert signal.getsignal(signal.SIGALRM) is handler
-    after = scheduling.courtesy_pauses_taken
-    time.sleep(0.01)
-    assert scheduling.courtesy_pauses_taken == after  # the timer is off
+    def handler(_signum: int, _frame: object) -> None:
+        raised.append(True)
+
+    raised: list[bool] = []
+    previous = signal.signal(signal.SIGALRM, handler)
+    try:
+        active, taken = _spin_with_courtesy_pauses(0.05)
+        assert active
+        assert taken >= 20  # one every 0.5 ms: about 90 in 50 ms
+        assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+        assert signal.getsignal(signal.SIGALRM) is handler  # put back
+        after = scheduling.courtesy_pauses_taken
+        time.sleep(0.01)
+        assert scheduling.courtesy_pauses_taken == after  # the timer is off
+        assert raised == []
+    finally:
+        signal.signal(signal.SIGALRM, previous)
+
+
+def test_a_late_alarm_after_courtesy_pauses_does_nothing_where_it_would_kill() -> None:
+    # The timer's last alarm can reach the process after the block ended (another thread
+    # takes it). Under SIGALRM's default action Python raises OSError in the main thread
+    # then, so the block leaves a no-op handler in place of the default.
+    import signal
+
+    from coordinator.server import scheduling
+
+    previous = signal.signal(signal.SIGALRM, signal.SIG_DFL)
+    try:
+        _spin_with_courtesy_pauses(0.01)
+        after = scheduling.courtesy_pauses_taken
+        signal.raise_signal(signal.SIGALRM)  # as late as can be: the process lives on
+        assert scheduling.courtesy_pauses_taken == after
+    finally:
+        signal.signal(signal.SIGALRM, previous)
 
 
 def test_courtesy_pauses_need_the_main_thread() -> None:
