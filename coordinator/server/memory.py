@@ -13,9 +13,10 @@ cyclic garbage comes to about 100 objects a second. So `serve`:
 * then collects once what the load did not freeze and moves what survived (the server's
   own objects) out of the collector's sight (`gc.freeze`);
 * then turns automatic collection off and collects on a timer, once a minute, and freezes
-  what survived: each collection walks only what was allocated in the last minute and is
-  still alive (3-20 ms under `bench heartbeats --assignor-load`), instead of the whole
-  heap (30-50 ms: falling inside an assignor run, a dozen heartbeats waited for it);
+  what survived: each collection walks only what was allocated since the last collection
+  or freeze and is still alive (4 ms for 12,819 objects in a probe run under `bench
+  heartbeats --assignor-load`), instead of the whole heap (30-50 ms: falling inside an
+  assignor run, a dozen heartbeats waited for it);
 * in between, checked twice a second, once YOUNG_LIMIT objects allocated since the last
   collection are still alive, freezes them without walking them (`gc.freeze` moves the
   young generation's list as a whole): they are new state, not garbage. A collection of
@@ -26,7 +27,8 @@ cyclic garbage comes to about 100 objects a second. So `serve`:
   and alive (every connection's task makes new coroutines each time it waits for data),
   and each collection walks them again;
 * but only while the last collection found little cyclic garbage: at most GARBAGE_PER_S
-  a second since the freeze before it (about 2 a second under that bench). When one finds
+  a second since the freeze before it (collections of young objects found about 2 a
+  second under that bench, 24-28 each). When one finds
   more (a client whose requests leave cycles behind, say), the coordinator collects at
   YOUNG_LIMIT instead, and the next check is a full pass, for what was frozen meanwhile;
 * cyclic garbage among frozen objects (frozen young, or alive at a collection and dropped
@@ -54,7 +56,8 @@ YOUNG_LIMIT = 5_000  # young objects still alive: frozen (or collected, see abov
 CHECK_EVERY_S = 0.5
 # Cyclic garbage a collection finds, per second since the last freeze: at or below this,
 # freezing young objects without a walk keeps at most this many a second until the full
-# pass (about 2 a second under `bench heartbeats --assignor-load`).
+# pass (collections of young objects found about 2 a second under `bench heartbeats
+# --assignor-load`).
 GARBAGE_PER_S = 100
 
 
