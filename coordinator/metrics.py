@@ -36,7 +36,7 @@ from protocol.errors import ErrorCode, error_name
 
 if TYPE_CHECKING:
     from coordinator.core.coordinator import GroupCoordinator
-    from coordinator.core.group import Member
+    from coordinator.core.group import Group, Member
 
 PREFIX = "connect_coordinator_"
 
@@ -124,6 +124,25 @@ class _CoreCollector(Collector):
     def __init__(self, core: Callable[[], GroupCoordinator | None], per_group_max: int) -> None:
         self._core = core
         self.per_group_max = per_group_max
+        # Group id -> (the group, its connectors record value, its target_changes, its
+        # unassigned unit count): what the count was computed from, so a scrape counts
+        # again only the groups whose connectors or target changed since the last one.
+        self._unassigned: dict[str, tuple[Group, object, int, int]] = {}
+
+    def _unassigned_count(self, core: GroupCoordinator, group_id: str, group: Group) -> int:
+        """len(core.unassigned_units(group_id)), which builds the union of every target
+        part (14.5 ms for a STABLE group of 1,000 members and 50,000 tasks, held by the
+        event loop at every scrape), unless neither input changed since the last scrape.
+        Both change only by records: connectors by a new record value object, the target
+        with a bump of `target_changes`."""
+        cached = self._unassigned.get(group_id)
+        if cached is not None and cached[0] is group and cached[1] is group.connectors_value \
+                and cached[2] == group.target_changes:
+            return cached[3]
+        count = len(core.unassigned_units(group_id))
+        self._unassigned[group_id] = (group, group.connectors_value, group.target_changes,
+                                      count)
+        return count
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         core = self._core()
@@ -136,7 +155,10 @@ class _CoreCollector(Collector):
             for member in group.members.values():
                 members_by_state[member_state(member)] += 1
             if core is not None:
-                unassigned[group_id] = len(core.unassigned_units(group_id))
+                unassigned[group_id] = self._unassigned_count(core, group_id, group)
+        if len(self._unassigned) > len(unassigned):  # forget deleted groups
+            self._unassigned = {group_id: cached for group_id, cached
+                                in self._unassigned.items() if group_id in unassigned}
 
         groups = GaugeMetricFamily(
             PREFIX + "groups", "Connect groups by state.", labels=["state"]
@@ -174,7 +196,7 @@ class _CoreCollector(Collector):
             epoch.add_metric([group_id], group.epoch)
             assignment_epoch.add_metric([group_id], group.assignment_epoch)
             member_count.add_metric([group_id], len(group.members))
-            units.add_metric([group_id], len(group.units))
+            units.add_metric([group_id], group.unit_count)  # (without building the set)
             unassigned_units.add_metric([group_id], unassigned.get(group_id, 0))
         yield from families
         yield GaugeMetricFamily(

@@ -317,6 +317,56 @@ async def test_unassigned_units_left_out_by_a_client_assignor(server: ServerHand
     assert scraped.value(P + "group_units", group=G) == len(ALL)
 
 
+async def test_unassigned_units_follow_every_change_between_scrapes(
+        nursery: trio.Nursery) -> None:
+    # A scrape counts a group's unassigned units again only when its connectors or target
+    # changed since the last one: each kind of change must still show.
+    handle = await start(nursery, ServerConfig(
+        assignment_interval_ms=0, assignor_offload_enable=False))
+    await put_connector(handle, "a", "conn", 2)
+    assert (await scrape(handle)).value(P + "group_unassigned_units", group="a") == 3
+    await put_connector(handle, "a", "conn", 4)  # the connectors changed
+    assert (await scrape(handle)).value(P + "group_unassigned_units", group="a") == 5
+    async with await KafkaClient.connect("127.0.0.1", handle.kafka_port) as client:
+        await settle(client, [Worker("w1", group_id="a")], group_id="a")  # the target did
+    scraped = await scrape(handle)
+    assert scraped.value(P + "group_unassigned_units", group="a") == 0
+    assert scraped.value(P + "group_units", group="a") == 5
+    await put_connector(handle, "b", "conn", 1)
+    assert (await scrape(handle)).value(P + "group_unassigned_units", group="b") == 2
+    status, _ = await http(handle, "DELETE", "/groups/b")
+    assert status == 200
+    await put_connector(handle, "b", "other", 3)  # a new group, the same id
+    scraped = await scrape(handle)
+    assert scraped.value(P + "group_unassigned_units", group="b") == 4
+    assert scraped.value(P + "unassigned_units") == 4
+    handle.stop()
+
+
+def test_a_scrape_does_not_count_an_unchanged_group_s_units_again() -> None:
+    # Counting builds the union of every target part: 14.5 ms for a STABLE group of 1,000
+    # members and 50,000 tasks, held by the event loop at every scrape.
+    from coordinator.core.bench import stable_group
+    from coordinator.metrics import Metrics
+
+    core, now = stable_group(20, 5)
+    counted: list[str] = []
+    count_units = core.unassigned_units
+
+    def counting(group_id: str) -> frozenset[tuple[str, int]]:
+        counted.append(group_id)
+        return count_units(group_id)
+
+    core.unassigned_units = counting  # type: ignore[method-assign]
+    metrics = Metrics(lambda: core)
+    metrics.render()
+    metrics.render()
+    assert len(counted) == 1
+    core.put_connector("bench", "source", 101, now + 1_000)  # a resize: counted again
+    metrics.render()
+    assert len(counted) == 2
+
+
 # ------------------------------------------------------------------------ the log
 
 
