@@ -131,8 +131,9 @@ class _CoreCollector(Collector):
 
     def _unassigned_count(self, core: GroupCoordinator, group_id: str, group: Group) -> int:
         """len(core.unassigned_units(group_id)), which builds the union of every target
-        part (14.5 ms for a STABLE group of 1,000 members and 50,000 tasks, held by the
-        event loop at every scrape), unless neither input changed since the last scrape.
+        part, unless neither input changed since the last scrape (a scrape of a STABLE
+        group of 1,000 members and 50,000 tasks held the event loop 14.5 ms with it, 3.0
+        without).
         Both change only by records: connectors by a new record value object, the target
         with a bump of `target_changes`."""
         cached = self._unassigned.get(group_id)

@@ -344,8 +344,8 @@ async def test_unassigned_units_follow_every_change_between_scrapes(
 
 
 def test_a_scrape_does_not_count_an_unchanged_group_s_units_again() -> None:
-    # Counting builds the union of every target part: 14.5 ms for a STABLE group of 1,000
-    # members and 50,000 tasks, held by the event loop at every scrape.
+    # Counting builds the union of every target part: a scrape of a STABLE group of 1,000
+    # members and 50,000 tasks took 14.5 ms of the event loop with it, 3.0 without.
     from coordinator.core.bench import stable_group
     from coordinator.metrics import Metrics
 
