@@ -792,12 +792,17 @@ def _unsettled(described: Any, members: int) -> list[str]:
 
 
 async def _wait_stable(target: Target, groups: Sequence[str], members: int,
-                       timeout_s: float) -> float:
+                       timeout_s: float, *, poll_s: float = 0.25,
+                       before_each: Callable[[], None] | None = None) -> float:
+    """Until the groups are STABLE (`_unsettled`), describing them every `poll_s`, after
+    `before_each()` if given; the seconds it took."""
     started = time.perf_counter()
     problems = ["not described yet"]
     with trio.move_on_after(timeout_s):
         while problems:
-            await trio.sleep(0.25)
+            if before_each is not None:
+                before_each()
+            await trio.sleep(poll_s)
             problems = _unsettled(await _describe(target, groups), members)
     if problems:
         raise BenchError(f"the groups did not become stable within {timeout_s} s: "
@@ -877,17 +882,14 @@ class BigGroup:
         resize) they would reach it during the next 20 s, writing a record each: that is
         not the quiet a baseline window is meant to have. So they are woken to heartbeat
         now, and again while some are still on their way."""
-        with trio.move_on_after(timeout_s):
-            while True:
-                self._wake.set()
-                self._wake = trio.Event()
-                await trio.sleep(1.0)
-                # ~1 s of the coordinator's time at 1,000 x 50,000: never inside a window.
-                if not _unsettled(await _describe(self.target, [self.group]),
-                                  len(self.members)):
-                    return
-        raise BenchError(f"{self.group}: the members did not reach the group's target "
-                         f"within {timeout_s} s")
+        def wake_all() -> None:
+            self._wake.set()
+            self._wake = trio.Event()
+
+        # A describe takes ~1 s of the coordinator's time at 1,000 x 50,000: once a second,
+        # and never inside a window.
+        await _wait_stable(self.target, [self.group], len(self.members), timeout_s,
+                           poll_s=1.0, before_each=wake_all)
 
     async def wait_idle(self, timeout_s: float) -> None:
         """Until the target is computed for the current group epoch and no run is running."""

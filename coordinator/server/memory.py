@@ -18,7 +18,7 @@ cyclic garbage comes to about 100 objects a second. So `serve`:
   heartbeats --assignor-load`), instead of the whole heap (30-50 ms: falling inside an
   assignor run, a dozen heartbeats waited for it);
 * in between, checked twice a second, once YOUNG_LIMIT objects allocated since the last
-  collection are still alive, freezes them without walking them (`gc.freeze` moves the
+  collection or freeze are still alive, freezes them without walking them (`gc.freeze` moves the
   young generation's list as a whole): they are new state, not garbage. A collection of
   them took 6-22 ms, several times a 30 s window under that bench (its in-flight windows
   allocate faster: every member of the big group moving to a new epoch), and those

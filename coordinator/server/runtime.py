@@ -273,7 +273,7 @@ def init_pool_process(loop_niceness: int) -> bool:
     event loop's niceness: a process inherits the niceness of the thread that started it,
     which may be a background thread."""
     gc.disable()
-    make_background(loop_niceness)  # where not permitted it keeps the priority it has
+    make_background(loop_niceness)
     return True
 
 

@@ -85,16 +85,16 @@ def request_short_slice(slice_ns: int = EVENT_LOOP_SLICE_NS) -> bool:
 _background = threading.local()
 
 
-def make_background(base_niceness: int | None = None) -> bool:
+def make_background(base_niceness: int | None = None) -> None:
     """Give the calling thread a background priority: BACKGROUND_NICENESS nicer than
     `base_niceness` (default: its own), in SCHED_BATCH. A batch task that wakes up never
     preempts the running one (the kernel leaves it to the next tick), so it does not cut
     into the event loop's steps, which a woken fsync thread or pool process did even at
     niceness 10 (perf sched); over time it still gets its niceness's share, so unlike
-    SCHED_IDLE it cannot starve. False where threads have no priority of their own (only
-    Linux's do) or the system refuses."""
+    SCHED_IDLE it cannot starve. Nothing changes where threads have no priority of their
+    own (only Linux's do) or the system refuses."""
     if platform.system() != "Linux":
-        return False
+        return
     thread = threading.get_native_id()
     try:
         niceness = os.getpriority(os.PRIO_PROCESS, thread) if base_niceness is None \
@@ -102,8 +102,7 @@ def make_background(base_niceness: int | None = None) -> bool:
         os.setpriority(os.PRIO_PROCESS, thread, min(19, niceness + BACKGROUND_NICENESS))
         os.sched_setscheduler(thread, os.SCHED_BATCH, os.sched_param(0))
     except OSError:
-        return False
-    return True
+        pass  # not permitted here: the thread keeps the priority it has
 
 
 def lower_thread_priority() -> None:
