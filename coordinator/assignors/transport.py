@@ -9,8 +9,11 @@ little of either changes (after a one-task resize a run is told in 1.3 kB, packe
   per group: `_RESIDENT`), and a run carries only what differs from the packer's previous
   run: the members whose :class:`MemberSpec` is another object, the previous-target entries
   that are other sets, the connectors whose task count changed, and the keys that went.
-  The packer finds them by identity (the core keeps a member's `MemberSpec` and target set
-  while they do not change), in time proportional to the group but at C speed or close;
+  The core tells which keys may have changed since the spec before (`SpecChanges`: each
+  mapping is the last one's copy with those replaced), so a resize of a big group's
+  connector is packed without a look at its other members and connectors; without that
+  (or when the packer's last run was not that spec) it compares every entry by identity
+  (the core keeps a member's `MemberSpec` and target set while they do not change);
 * a worker that does not hold that previous run (it is new, the run went to another
   worker, or it forgot the packer) raises :class:`ResidentMiss`, and the runtime packs the
   run again whole: in steps of about PACK_STEP_UNITS units, each pickled on its own, so the
@@ -39,6 +42,7 @@ from coordinator.assignors.api import (
     MemberSpec,
     ServerAssignor,
 )
+from coordinator.core.result import NO_SPEC_CHANGES, MappingChange, SpecChanges
 from coordinator.units import CONNECTOR, Unit
 
 # A run packed whole is pickled in pieces of about this many units (and at most
@@ -108,24 +112,27 @@ class SpecPacker:
         """A run came back from its worker, which keeps the state it returned."""
         self._returned = (packed.run, result.state)
 
-    def pack(self, assignor: ServerAssignor, spec: AssignmentSpec,
-             whole: bool = False) -> PackedRun:
+    def pack(self, assignor: ServerAssignor, spec: AssignmentSpec, whole: bool = False,
+             changes: SpecChanges = NO_SPEC_CHANGES) -> PackedRun:
         """`pack_in_steps` all at once."""
-        *_steps, packed = self.pack_in_steps(assignor, spec, whole)
+        *_steps, packed = self.pack_in_steps(assignor, spec, whole, changes)
         assert packed is not None
         return packed
 
     def pack_in_steps(self, assignor: ServerAssignor, spec: AssignmentSpec,
-                      whole: bool = False) -> Iterator[PackedRun | None]:
+                      whole: bool = False, changes: SpecChanges = NO_SPEC_CHANGES
+                      ) -> Iterator[PackedRun | None]:
         """Pack a run against the previous one, or `whole`: for a worker that raised
         ResidentMiss. Yields None after each step (packing whole takes one per piece, so
         the event loop answers heartbeats in between), then the packed run. The spec is
-        the run's own and does not change meanwhile; one packer packs one run at a time."""
-        packed = yield from self._packing(assignor, spec, whole)
+        the run's own and does not change meanwhile; one packer packs one run at a time.
+        `changes`: what the core says changed since its spec before (used where that
+        spec is the one this packer packed last)."""
+        packed = yield from self._packing(assignor, spec, whole, changes)
         yield packed
 
-    def _packing(self, assignor: ServerAssignor, spec: AssignmentSpec,
-                 whole: bool) -> Generator[None, None, PackedRun]:
+    def _packing(self, assignor: ServerAssignor, spec: AssignmentSpec, whole: bool,
+                 changes: SpecChanges) -> Generator[None, None, PackedRun]:
         base, self._base = (None if whole else self._base), None  # none if this fails
         self._runs += 1
         members, previous, connectors = spec.members, spec.previous_target, spec.connectors
@@ -138,20 +145,16 @@ class SpecPacker:
             gone_connectors: list[str] = []
         else:
             last_members, last_previous, last_connectors = base[1]
-            # (The core hands the last run's members again while none changed.)
-            changed_members = {} if members is last_members else {
-                key: m for key, m in members.items() if last_members.get(key) is not m}
-            changed_previous = {key: units for key, units in previous.items()
-                                if last_previous.get(key) is not units}
+            changed_members, gone_members = _differences(
+                members, last_members, changes.members)
+            changed_previous, gone_previous = _differences(
+                previous, last_previous, changes.previous_target)
             piece: _Piece = ([_member_fields(key, m) for key, m in changed_members.items()],
                              list(changed_previous.items()))
             pieces = [pickle.dumps(piece, PROTOCOL)]
-            connectors_sent = {} if connectors is last_connectors else {
-                name: tasks for name, tasks in connectors.items()
-                if last_connectors.get(name) != tasks}
-            gone_members = _gone(members, last_members, changed_members)
-            gone_previous = _gone(previous, last_previous, changed_previous)
-            gone_connectors = _gone(connectors, last_connectors, connectors_sent)
+            # (Task counts are compared by value: the same count may be another int.)
+            connectors_sent, gone_connectors = _differences(
+                connectors, last_connectors, changes.connectors, by_value=True)
         # The assignor's state (50 kB for `balanced` at 1,000 members) mostly is what the
         # worker's last run returned: then it stays there.
         state: bytes | None = spec.previous_state
@@ -170,6 +173,31 @@ class SpecPacker:
 def _member_fields(key: str, member: MemberSpec) -> tuple[Any, ...]:
     return (key, member.member_id, member.instance_id, member.worker_url,
             member.current_target, member.metadata)
+
+
+_ABSENT = object()
+
+
+def _differences(now: Mapping[str, Any], last: Mapping[str, Any],
+                 change: MappingChange | None, by_value: bool = False
+                 ) -> tuple[dict[str, Any], list[str]]:
+    """The entries of `now` that `last` lacks or holds another object for (another
+    value, `by_value`), and the keys of `last` that `now` lacks: from the keys `change`
+    names when it is told against `last`, else by going over both."""
+    if now is last:  # (the core hands the last spec's mapping again while none changed)
+        return {}, []
+    if change is not None and change.base is last:
+        keys = sorted(change.keys)  # (a worker adds new keys in this order)
+        changed = {key: now[key] for key in keys if key in now
+                   and (last.get(key, _ABSENT) != now[key] if by_value
+                        else last.get(key, _ABSENT) is not now[key])}
+        return changed, [key for key in keys if key not in now and key in last]
+    if by_value:
+        changed = {key: value for key, value in now.items() if last.get(key, _ABSENT) != value}
+    else:
+        changed = {key: value for key, value in now.items()
+                   if last.get(key, _ABSENT) is not value}
+    return changed, _gone(now, last, changed)
 
 
 def _gone(now: Mapping[str, Any], last: Mapping[str, Any], changed: Mapping[str, Any]

@@ -160,7 +160,7 @@ def _measure_pool_run(core: GroupCoordinator, now: int, tasks_per_member: int, r
         now += 1_000
         (run,) = core.put_connector(GROUP, "connector-0", tasks, now).jobs
         started = time.perf_counter()
-        packed = packer.pack(assignor, run.spec)
+        packed = packer.pack(assignor, run.spec, changes=run.changes)
         packing = time.perf_counter() - started
         sent = pickle.dumps(packed, transport.PROTOCOL)
         started = time.perf_counter()

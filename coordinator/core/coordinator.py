@@ -68,8 +68,10 @@ from coordinator.core.result import (
     TRIGGER_SESSION_TIMEOUT,
     AssignorRun,
     Event,
+    MappingChange,
     Record,
     Result,
+    SpecChanges,
     TimerCancel,
     TimerKey,
     TimerOp,
@@ -793,13 +795,14 @@ class GroupCoordinator:
         return self.config.assignor_offload_enable if override is None else override
 
     @staticmethod
-    def _member_specs(group: Group) -> dict[str, MemberSpec]:
+    def _member_specs(group: Group) -> tuple[dict[str, MemberSpec], MappingChange | None]:
         """Every member's spec, in the members' order: the last spec's, or a copy with
-        those of members whose metadata or target changed since built again."""
+        those of members whose metadata or target changed since built again; and that
+        copy's change (None when it was built in the members' order instead)."""
         specs, stale, members, target = (group.member_specs, group.stale_specs,
                                          group.members, group.target)
         if not stale:
-            return specs  # nobody joined, left or changed since the last run's spec
+            return specs, None  # nobody joined, left or changed since the last run's spec
         fresh: dict[str, MemberSpec] = {}
         for member_id in stale:
             member = members.get(member_id)
@@ -814,7 +817,9 @@ class GroupCoordinator:
                     or spec.worker_url != worker_url or spec.instance_id != instance_id):
                 spec = MemberSpec(member_id, instance_id, worker_url, units)
             fresh[member_id] = spec
+        change: MappingChange | None = None
         if fresh.keys() <= specs.keys():
+            change = MappingChange(specs, tuple(fresh))
             specs = {**specs, **fresh}  # (a copy at C speed)
         else:
             # Someone joined: in the members' order, a run packed whole for a pool process
@@ -824,22 +829,25 @@ class GroupCoordinator:
                      for member_id in members}
         stale.clear()
         group.member_specs = specs
-        return specs
+        return specs, change
 
     @staticmethod
-    def _previous_target(group: Group) -> Mapping[str, frozenset[Unit]]:
+    def _previous_target(group: Group
+                         ) -> tuple[Mapping[str, frozenset[Unit]], MappingChange | None]:
         """The group's previous target for a run's spec: the last spec's, or a copy of it
         with the parts replayed since replaced (a resize of a big group's connector then
-        goes over none of its members)."""
+        goes over none of its members); and that copy's change (None when built anew)."""
         if group.departed_parts:  # (rare: members left since the last run)
             group.previous_target_view = None
             group.changed_targets.clear()
             return {**group.departed_parts,
-                    **{member_id: part.units for member_id, part in group.target.items()}}
+                    **{member_id: part.units for member_id, part in group.target.items()}}, None
         view, changed, target = group.previous_target_view, group.changed_targets, group.target
+        change: MappingChange | None = None
         if view is None:
             view = {member_id: part.units for member_id, part in target.items()}
         elif changed:
+            change = MappingChange(view, tuple(changed))
             view = dict(view)
             for member_id in changed:
                 part = target.get(member_id)
@@ -849,23 +857,37 @@ class GroupCoordinator:
                     view[member_id] = part.units
         changed.clear()
         group.previous_target_view = view
-        return view
+        return view, change
+
+    @staticmethod
+    def _connectors_change(group: Group) -> MappingChange | None:
+        """The names resized since the last spec took the group's connectors (None when
+        they were replaced some other way since, or no spec took them yet)."""
+        base, resized = group.spec_connectors, group.resized_since_spec
+        group.spec_connectors, group.resized_since_spec = group.connectors, set()
+        if base is None or resized is None:
+            return None
+        return MappingChange(base, tuple(resized))
 
     def _run_server_assignor(self, group: Group, name: str, change: _Change, now_ms: int) -> None:
         if group.assignor_run is not None:
             return  # at most one run per group in flight; its result triggers the next
+        members, members_change = self._member_specs(group)
+        previous, previous_change = self._previous_target(group)
         spec = AssignmentSpec(
             group_id=group.group_id,
-            members=self._member_specs(group),
+            members=members,
             connectors=group.connectors,  # replaced, never changed in place, by replay
-            previous_target=self._previous_target(group),
+            previous_target=previous,
             previous_state=group.assignor_state if group.assignor_name == name else b"",
             now_ms=now_ms,
             scheduled_rebalance_max_delay_ms=self._scheduled_delay(group),
         )
         self._run_ids += 1
         run = AssignorRun(self._run_ids, group.group_id, name, group.epoch, now_ms, spec,
-                          group.metadata_changes, group.target_changes)
+                          group.metadata_changes, group.target_changes,
+                          SpecChanges(members_change, previous_change,
+                                      self._connectors_change(group)))
         if self._offload(group):
             # Seed 004: the run goes to the worker pool; heartbeats go on meanwhile.
             group.assignor_run = run

@@ -171,6 +171,10 @@ class Group:
     # part was replayed since the last spec took it (kept only while there is a view).
     previous_target_view: dict[str, frozenset[Unit]] | None = None
     changed_targets: set[str] = field(default_factory=set)
+    # The connectors the last spec got, and the names resized since (None: replaced some
+    # other way, so unknown): a run's spec tells the packer what changed without a scan.
+    spec_connectors: dict[str, int] | None = None
+    resized_since_spec: set[str] | None = None
     chosen_epoch: int = -1
     _units: frozenset[Unit] | None = None
 
@@ -367,7 +371,7 @@ class GroupStore:
         resized, group.resized_connectors = group.resized_connectors, None
         if value is None:
             group.connectors = {}
-            group.connectors_value = group.connectors_layout = None
+            group.connectors_value = group.connectors_layout = group.resized_since_spec = None
         else:
             assert isinstance(value, ConnectGroupConnectorsValue)
             if (resized is not None and value is resized.value and resized.resized
@@ -377,9 +381,11 @@ class GroupStore:
                 connectors[name] = tasks
                 group.connectors = connectors
                 group.connectors_layout = resized
+                if group.resized_since_spec is not None:
+                    group.resized_since_spec.add(name)
             else:
                 group.connectors = {c.name: c.tasks for c in value.connectors}
-                group.connectors_layout = None
+                group.connectors_layout = group.resized_since_spec = None
             group.connectors_value = value
         group._units = None
 

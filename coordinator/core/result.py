@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar
 
 R = TypeVar("R")
 
@@ -86,6 +87,27 @@ class Event:
     fields: dict[str, Any] = field(default_factory=dict)
 
 
+class MappingChange(NamedTuple):
+    """A spec's mapping told as `base` (the same group's previous spec's, never changed in
+    place) with at most `keys` added, replaced or removed: what changed, without a scan."""
+
+    base: Mapping[str, Any]
+    keys: Collection[str]
+
+
+@dataclass(frozen=True, slots=True)
+class SpecChanges:
+    """How a run's spec differs from the one the core built before it for the group, per
+    mapping; None where the core does not know (then the packer compares every entry)."""
+
+    members: MappingChange | None = None
+    previous_target: MappingChange | None = None
+    connectors: MappingChange | None = None
+
+
+NO_SPEC_CHANGES = SpecChanges()
+
+
 @dataclass(frozen=True, slots=True)
 class AssignorRun:
     """A server-side assignor run handed to the worker pool (seed 004's offload).
@@ -105,6 +127,9 @@ class AssignorRun:
     # proportional to what it changed (`GroupCoordinator.complete_assignor_run`).
     metadata_changes: int = -1
     target_changes: int = -1
+    # What changed since the group's previous spec: a run packed for the pool process that
+    # holds that one is packed in time proportional to the change (`SpecPacker`).
+    changes: SpecChanges = NO_SPEC_CHANGES
 
 
 @dataclass(slots=True)

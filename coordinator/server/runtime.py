@@ -42,7 +42,7 @@ import structlog
 import trio
 import trio_parallel
 
-from coordinator.assignors.api import AssignmentSpec, ServerAssignor
+from coordinator.assignors.api import ServerAssignor
 from coordinator.assignors.transport import (
     CompactResult,
     PackedRun,
@@ -258,10 +258,10 @@ def run_in_pool(packed: PackedRun) -> CompactResult:
         return run_packed(packed)
 
 
-async def _pack(packer: SpecPacker, assignor: ServerAssignor, spec: AssignmentSpec,
+async def _pack(packer: SpecPacker, assignor: ServerAssignor, run: AssignorRun,
                 whole: bool) -> PackedRun:
     """`SpecPacker.pack_in_steps`, answering heartbeats between the steps."""
-    for packed in packer.pack_in_steps(assignor, spec, whole):
+    for packed in packer.pack_in_steps(assignor, run.spec, whole, run.changes):
         if packed is not None:
             return packed
         await trio.lowlevel.checkpoint()
@@ -637,7 +637,7 @@ class Runtime:
                         pool = self._pool
                         assert pool is not None  # jobs start only while run() runs
                         packer = self._packer_for(run.group_id)
-                        packed = await _pack(packer, assignor, run.spec, whole=False)
+                        packed = await _pack(packer, assignor, run, whole=False)
                         # The core applies the result as the worker sends it: only
                         # the members whose target changed (`CompactResult`).
                         try:
@@ -647,7 +647,7 @@ class Runtime:
                             # went to another): once more, packed whole.
                             log.debug("assignor_run_resent", group=run.group_id,
                                       run=run.run_id)
-                            packed = await _pack(packer, assignor, run.spec, whole=True)
+                            packed = await _pack(packer, assignor, run, whole=True)
                             outcome = await pool.run(run.group_id, packed)
                         packer.returned(packed, outcome)
                     finally:

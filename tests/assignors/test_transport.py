@@ -24,6 +24,7 @@ from coordinator.assignors.transport import (
     unchanged_members,
     unpack,
 )
+from coordinator.core.result import MappingChange, SpecChanges
 from coordinator.units import Unit, units_of
 
 CONNECTORS = {"a": 30, "b": 20}
@@ -91,6 +92,50 @@ def test_a_run_carries_only_what_changed_since_the_last() -> None:
     assert header[2] == {} and header[6] is None  # no connector changed; the state stays
     _assignor, copy = unpack(travel(second))
     assert copy == second_spec and packer.whole == 1
+
+
+class NoScan(dict[str, object]):
+    """A mapping that may be read by key but not gone over."""
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        raise AssertionError("gone over")
+
+    def items(self):  # type: ignore[no-untyped-def]
+        raise AssertionError("gone over")
+
+    def keys(self):  # type: ignore[no-untyped-def]
+        raise AssertionError("gone over")
+
+    def values(self):  # type: ignore[no-untyped-def]
+        raise AssertionError("gone over")
+
+
+def test_a_run_told_what_changed_is_packed_without_going_over_the_rest() -> None:
+    packer = SpecPacker()
+    targets = split(3)
+    first_spec = spec_with(targets)
+    run_in_worker(packer, packer.pack(BalancedAssignor(), first_spec))
+    moved = targets["w0"] - {("a", 0)}
+    members = NoScan({**first_spec.members,
+                      "w0": MemberSpec("w0", None, "http://w0:8083", moved)})
+    previous = NoScan({**targets, "w0": moved})
+    connectors = NoScan({**CONNECTORS, "a": 31})
+    second_spec = replace(first_spec, members=members, previous_target=previous,
+                          connectors=connectors)
+    told = SpecChanges(MappingChange(first_spec.members, ("w0",)),
+                       MappingChange(first_spec.previous_target, ("w0", "w1")),
+                       MappingChange(first_spec.connectors, ("a",)))
+    second = packer.pack(BalancedAssignor(), second_spec, changes=told)
+    member_fields, previous_entries = pickle.loads(second.pieces[0])
+    assert [fields[0] for fields in member_fields] == ["w0"]
+    assert previous_entries == [("w0", moved)]  # (w1 was named, but is the same set)
+    assert pickle.loads(second.header)[2] == {"a": 31}
+    _assignor, copy = unpack(travel(second))
+    assert copy == second_spec
+    # Told against another spec than the packer's last, it goes over every entry.
+    again = NoScan({**first_spec.members, "w0": MemberSpec("w0", None, "http://w0", moved)})
+    with pytest.raises(AssertionError, match="gone over"):
+        packer.pack(BalancedAssignor(), replace(second_spec, members=again), changes=told)
 
 
 def test_a_worker_that_did_not_do_the_last_run_asks_for_it_whole() -> None:
@@ -189,13 +234,15 @@ MEMBER_IDS = ["w0", "w1", "w2", "w3", "w4"]
 
 
 @st.composite
-def spec_sequences(draw: st.DrawFn) -> list[tuple[AssignmentSpec, str]]:
+def spec_sequences(draw: st.DrawFn) -> list[tuple[AssignmentSpec, str, SpecChanges]]:
     """Specs of one group, run after run, each made from the one before as the core
     makes them: members, sets and connectors kept as the very objects or replaced,
     members joining and leaving, departed members' parts; and what happens to each run
     ("runs": in the worker of the last run; "lost": never reaches a worker; "elsewhere":
     in a worker that holds nothing of the group; "unanswered": runs, but its result never
-    comes back, so the next spec has the state of the run before)."""
+    comes back, so the next spec has the state of the run before); and what the core
+    would tell of the changes, true but not always of use: against the spec before,
+    against the one before that, or nothing."""
     sets = [frozenset(units) for units in (
         set(), {("a", -1)}, {("a", 0), ("a", 1)}, {("b", 0)}, {("b", -1), ("c", 2)})]
     members: dict[str, MemberSpec] = {}
@@ -203,6 +250,7 @@ def spec_sequences(draw: st.DrawFn) -> list[tuple[AssignmentSpec, str]]:
     connectors: dict[str, int] = {}
     state = b""
     sequence = []
+    history: list[AssignmentSpec] = []
     for _ in range(draw(st.integers(1, 6))):
         members = dict(members)
         for member_id in draw(st.sets(st.sampled_from(MEMBER_IDS))):
@@ -223,23 +271,43 @@ def spec_sequences(draw: st.DrawFn) -> list[tuple[AssignmentSpec, str]]:
         connectors.update(draw(st.dictionaries(st.sampled_from("abcd"), st.integers(0, 4))))
         if draw(st.booleans()):
             state = draw(st.binary(max_size=3))  # else: whatever the last run returned
-        sequence.append((AssignmentSpec("g", members, connectors, previous, state, 1),
-                         draw(st.sampled_from(["runs", "runs", "lost", "elsewhere",
-                                               "unanswered"]))))
+        spec = AssignmentSpec("g", members, connectors, previous, state, 1)
+        history.append(spec)
+        told = draw(st.sampled_from(["before", "before", "two back", "nothing"]))
+        back = 2 if told == "two back" else 1
+        changes = SpecChanges()
+        if told != "nothing" and len(history) > back:
+            # The keys that differ from that spec's (by identity, as the core keeps them),
+            # plus one that may not: a change may name more than changed. (Two back, a
+            # part that changed and changed back is not named, though it differs from the
+            # spec before: told against another spec than its last, a packer must not use
+            # the keys.)
+            base = history[-1 - back]
+            spare = draw(st.sampled_from(["w0", "a", "gone0"]))
+            changes = SpecChanges(*(
+                MappingChange(before, tuple({
+                    key for key in now.keys() | before.keys()
+                    if key not in now or key not in before or now[key] is not before[key]}
+                    | {spare}))
+                for now, before in ((members, base.members),
+                                    (previous, base.previous_target),
+                                    (connectors, base.connectors))))
+        sequence.append((spec, draw(st.sampled_from(["runs", "runs", "lost", "elsewhere",
+                                                     "unanswered"])), changes))
     return sequence
 
 
 @settings(max_examples=300)
 @given(spec_sequences())
 def test_every_run_reaches_its_worker_as_its_spec(
-        sequence: list[tuple[AssignmentSpec, str]]) -> None:
+        sequence: list[tuple[AssignmentSpec, str, SpecChanges]]) -> None:
     transport._RESIDENT.clear()
     packer = SpecPacker()
     returned = b""
-    for spec, fate in sequence:
+    for spec, fate, changes in sequence:
         if spec.previous_state == b"" and returned:
             spec = replace(spec, previous_state=returned)  # the state as it came back
-        packed = packer.pack(EchoAssignor(), spec)
+        packed = packer.pack(EchoAssignor(), spec, changes=changes)
         if fate == "lost":
             continue
         if fate == "elsewhere":

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from coordinator.assignors.api import AssignmentResult
 from coordinator.assignors.transport import SpecPacker, compact, expand, run_packed
 from coordinator.config import ServerConfig
+from coordinator.core.result import MappingChange
 from coordinator.units import Unit, units_of
 from protocol.errors import ErrorCode
 from protocol.messages import ConnectGroupDescribeRequest
@@ -189,7 +190,7 @@ def test_member_specs_follow_the_members_and_are_reused_while_unchanged() -> Non
     assert second.spec.members["w2"].worker_url == "http://moved:8083"
     assert second.spec.members["w2"] is not first.spec.members["w2"]
     # Asked again with nothing changed, every entry is the very same object.
-    again = ctx.core._member_specs(group)
+    again, _change = ctx.core._member_specs(group)
     assert all(again[m] is second.spec.members[m] for m in ("w1", "w2"))
 
 
@@ -435,16 +436,98 @@ def test_member_specs_kept_between_runs_are_those_built_from_scratch(
         # What the group keeps is bounded by its members, whether or not a run follows.
         assert group.stale_specs <= group.members.keys() >= group.member_specs.keys()
         if number % 3:  # (not at every step: what is kept between specs is what is tested)
-            specs = ctx.core._member_specs(group)
+            specs, _change = ctx.core._member_specs(group)
             assert as_fields(specs) == specs_from_scratch(ctx.core)
             assert list(specs) == list(group.members)  # (a whole pack is smaller so)
-            assert ctx.core._previous_target(group) == previous_from_scratch(group)
+            assert ctx.core._previous_target(group)[0] == previous_from_scratch(group)
     group = ctx.core.store.groups[G]
-    assert as_fields(ctx.core._member_specs(group)) == specs_from_scratch(ctx.core)
-    assert ctx.core._previous_target(group) == previous_from_scratch(group)
+    assert as_fields(ctx.core._member_specs(group)[0]) == specs_from_scratch(ctx.core)
+    assert ctx.core._previous_target(group)[0] == previous_from_scratch(group)
     replayed = ctx.replayed()
-    assert as_fields(replayed._member_specs(replayed.store.groups[G])) == \
+    assert as_fields(replayed._member_specs(replayed.store.groups[G])[0]) == \
         specs_from_scratch(replayed)
+
+
+def differs_only_at(mapping: Any, change: MappingChange, by_value: bool = False) -> bool:
+    """Is `mapping` the change's base with at most its keys added, replaced or removed?"""
+    told = set(change.keys)
+    rest = (mapping.keys() | change.base.keys()) - told
+    return all(key in mapping and key in change.base
+               and (mapping[key] == change.base[key] if by_value
+                    else mapping[key] is change.base[key]) for key in rest)
+
+
+def told_truly(run: Any) -> bool:
+    changes, spec = run.changes, run.spec
+    return all(change is None or differs_only_at(mapping, change, by_value)
+               for mapping, change, by_value in (
+                   (spec.members, changes.members, False),
+                   (spec.previous_target, changes.previous_target, False),
+                   (spec.connectors, changes.connectors, True)))
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["join", "leave", "url", "resize A", "resize B",
+                                           "delete B", "land", "undo"]),
+                          st.sampled_from(["w1", "w2", "w3"]), st.integers(0, 6)),
+                max_size=16))
+def test_a_run_tells_truly_what_changed_since_an_earlier_spec(
+        steps: list[tuple[str, str, int]]) -> None:
+    """Each run's spec may name, per mapping, the keys that differ from a mapping of an
+    earlier spec; the packer relies on it, so every other key must hold the very same
+    object (for connectors, the same task count), whatever happened in between."""
+    ctx = offload_context()
+    ctx.last = None
+    for action, member, number in steps:
+        group = ctx.core.store.groups[G]
+        present = member in group.members
+        if action == "join" and not present:
+            ctx.join(G, member, server_assignor=RR)
+        elif action == "leave" and present:
+            ctx.heartbeat(G, member, -1)
+        elif action == "url" and present:
+            ctx.heartbeat(G, member, ctx.member_view(G, member).member_epoch,
+                          worker_url=f"http://{member}:{number}")
+        elif action.startswith("resize"):
+            ctx.put_connector(G, action[-1], number)
+        elif action == "delete B" and "B" in group.connectors:
+            ctx.apply(ctx.core.delete_connector(G, "B", ctx.now))
+        elif action == "land" and ctx.jobs:
+            ctx.finish_job(ctx.jobs.pop(0))
+        elif action == "undo" and ctx.last is not None and not ctx.last.jobs:
+            ctx.core.rollback(ctx.last)
+            del ctx.log[len(ctx.log) - len(ctx.last.records):]
+            ctx.last = None
+        for run in ctx.last.jobs if ctx.last is not None else ():
+            assert told_truly(run)
+
+
+def test_a_resize_tells_its_connector_and_the_parts_that_landed_against_the_spec_before(
+        ) -> None:
+    ctx = offload_context()
+    for member in ("w1", "w2", "w3"):
+        ctx.join(G, member, server_assignor=RR)
+        while ctx.jobs:
+            ctx.finish_job(ctx.jobs.pop(0))
+    for member in ("w1", "w2", "w3"):  # everyone at the target: specs as they will stay
+        ctx.heartbeat(G, member, ctx.member_view(G, member).member_epoch)
+    ctx.put_connector(G, "A", 4)
+    (first,) = ctx.jobs
+    ctx.finish_job(ctx.jobs.pop())
+    landed = {m for m, units in first.spec.previous_target.items()
+              if ctx.core.store.groups[G].target[m].units != units}
+    assert landed  # (round-robin deals the new task to someone)
+    ctx.put_connector(G, "A", 3)
+    (second,) = ctx.jobs
+    assert second.changes.connectors == MappingChange(first.spec.connectors, ("A",))
+    assert second.changes.previous_target is not None
+    assert second.changes.previous_target.base is first.spec.previous_target
+    assert set(second.changes.previous_target.keys) == landed
+    # A member's spec carries its target part: those that landed are built again.
+    assert second.changes.members is not None
+    assert second.changes.members.base is first.spec.members
+    assert set(second.changes.members.keys) == landed
+    assert told_truly(second)
 
 
 def test_a_connector_change_rolled_back_restores_the_connectors_and_their_record() -> None:
