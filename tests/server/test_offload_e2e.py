@@ -429,8 +429,9 @@ async def test_a_crashing_run_keeps_the_target_and_is_counted(
             assert runs["ok"] == 1 and runs["failed"] >= 1 and runs["timeout"] == 0
             failed = [e for e in logs if e["event"] == "assignor_failed"]
             assert failed and "crashed on purpose" in failed[0]["error"]
-            finished = [e for e in logs if e["event"] == "assignor_run_finished"]
-            assert finished and finished[0]["outcome"] == "failed"
+            landed = [e for e in logs if e["event"] == "assignor_run_landed"]
+            assert landed and landed[0]["outcome"] == "failed"
+            assert landed[0]["assignor"] == "crashing" and landed[0]["duration_ms"] >= 0
 
 
 # ---------------------------------------------------------------------------- 5. resident specs
