@@ -236,8 +236,9 @@ class LogLoader(Protocol):
 # ---------------------------------------------------------------------------- assignor runs
 
 
-# Events logged at debug: a member's steps towards its target.
-MEMBER_PROGRESS_EVENTS = frozenset({"member_reached_epoch", "member_revoking"})
+# Events logged at debug: a member's steps towards its target, and a run's start (its
+# `assignor_run_landed` line tells it again, with when it was submitted).
+DEBUG_EVENTS = frozenset({"member_reached_epoch", "member_revoking", "assignor_run_started"})
 
 # A pool process's cyclic collector is off (`init_pool_process`): a run allocates tens of
 # thousands of objects that reference counting frees (young collections took 20% of a
@@ -531,7 +532,7 @@ class Runtime:
         fields.pop("event", None)
         # One line per member per epoch is too many at info for a group of 1,000 members
         # (8,000 lines a second while it rebalances); the group's own events stay at info.
-        emit = log.debug if event.name in MEMBER_PROGRESS_EVENTS else log.info
+        emit = log.debug if event.name in DEBUG_EVENTS else log.info
         emit(event.name, group=event.group_id, member=event.member_id, **fields)
 
     def now_ms(self) -> int:

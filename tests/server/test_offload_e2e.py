@@ -432,6 +432,10 @@ async def test_a_crashing_run_keeps_the_target_and_is_counted(
             landed = [e for e in logs if e["event"] == "assignor_run_landed"]
             assert landed and landed[0]["outcome"] == "failed"
             assert landed[0]["assignor"] == "crashing" and landed[0]["duration_ms"] >= 0
+            # One line at info per run, when it has landed; its start only at debug.
+            assert {e["log_level"] for e in landed} == {"info"}
+            started = [e for e in logs if e["event"] == "assignor_run_started"]
+            assert started and {e["log_level"] for e in started} == {"debug"}
 
 
 # ---------------------------------------------------------------------------- 5. resident specs
