@@ -54,7 +54,10 @@ there first, instead of letting them write their records during the window) foll
   and for the baseline windows, and the p99 ratio in flight / baseline (target < 1.2).
   `p99_ratio_between_runs` is in flight / between runs: the same window's load (resizes,
   landings, members moving to new epochs) without a run in flight, so the part of the
-  ratio that the run being in flight makes.
+  ratio that the run being in flight makes. `where_in_flight` sorts the in-flight ones by
+  when in their run's flight they were sent (its first 2 ms, the pool computing, the last
+  2 ms before the result is back on the event loop, the landing) and gives the share of
+  each slower than the baseline's p99 (1% in the baseline): where the run costs them.
   It needs the coordinator's log or runtime, so not `--bootstrap`.
 
 The load processes collect garbage just before each window and not during it
@@ -477,7 +480,8 @@ class LoadProcess:
 
 # (runs landed since the coordinator started, [(submitted, landed) wall-clock seconds of the
 # latest ones]): when the coordinator's offloaded assignor runs were in flight.
-RunLog = Callable[[], tuple[int, list[tuple[float, float]]]]
+# (runs landed, [(submitted, returned, landed) of each recent run]), wall-clock seconds
+RunLog = Callable[[], tuple[int, list[tuple[float, float, float]]]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -630,8 +634,9 @@ async def _in_process(args: argparse.Namespace) -> AsyncIterator[Target]:
         handle = await nursery.start(run_server, config, ("127.0.0.1", 0), ("127.0.0.1", 0))
         runtime = handle.runtime
 
-        def runs() -> tuple[int, list[tuple[float, float]]]:
-            return runtime.runs_landed, [(t.submitted, t.landed) for t in runtime.recent_runs]
+        def runs() -> tuple[int, list[tuple[float, float, float]]]:
+            return runtime.runs_landed, [(t.submitted, t.returned, t.landed)
+                                         for t in runtime.recent_runs]
 
         try:
             yield Target("127.0.0.1", handle.kafka_port, f"http://127.0.0.1:{handle.admin_port}",
@@ -681,11 +686,11 @@ class ServerLog:
         self.path = path
         self.target: Target | None = None
         self.tail: deque[str] = deque(maxlen=20)
-        self.runs: list[tuple[float, float]] = []
+        self.runs: list[tuple[float, float, float]] = []
         self._read = 0  # bytes of the file read so far
         self._partial = b""  # the start of a line not yet ended
 
-    def landed_runs(self) -> tuple[int, list[tuple[float, float]]]:
+    def landed_runs(self) -> tuple[int, list[tuple[float, float, float]]]:
         self.read_new_lines()
         return len(self.runs), list(self.runs)
 
@@ -712,7 +717,8 @@ class ServerLog:
             if '"assignor_run_landed"' in line:
                 entry = json.loads(line)
                 if entry.get("event") == "assignor_run_landed":
-                    self.runs.append((entry["submitted_at"], entry["landed_at"]))
+                    self.runs.append((entry["submitted_at"], entry["returned_at"],
+                                      entry["landed_at"]))
             elif self.target is None and '"ready"' in line:
                 entry = json.loads(line)
                 if entry.get("event") == "ready":
@@ -1041,8 +1047,9 @@ async def _loaded_window(processes: Sequence[LoadProcess], big: BigGroup, durati
     return reports, stats
 
 
-async def _landed_runs(target: Target, timeout_s: float) -> list[tuple[float, float]]:
-    """Every run's (submitted, landed) once each run /metrics counts has landed."""
+async def _landed_runs(target: Target, timeout_s: float
+                       ) -> list[tuple[float, float, float]]:
+    """Every run's (submitted, returned, landed) once each run /metrics counts has landed."""
     assert target.runs is not None
     landed, total = 0, 0.0
     with trio.move_on_after(timeout_s):
@@ -1059,7 +1066,8 @@ async def _landed_runs(target: Target, timeout_s: float) -> list[tuple[float, fl
 
 async def _in_flight_window(processes: Sequence[LoadProcess], big: BigGroup, duration: float,
                             target: Target, args: argparse.Namespace
-                            ) -> tuple[list[dict[str, Any]], list[tuple[float, float]], int]:
+                            ) -> tuple[list[dict[str, Any]], list[tuple[float, float, float]],
+                                       int]:
     """A window during which the big group is resized every IN_FLIGHT_PUT_INTERVAL_MS, so
     that one run at a time is in flight now and then; every heartbeat's send time comes
     back, and so does every run's (submitted, landed)."""
@@ -1082,11 +1090,12 @@ def _merge(intervals: Sequence[tuple[float, float]]) -> list[tuple[float, float]
     return merged
 
 
-def split_by_runs(window: Sequence[dict[str, Any]], runs: Sequence[tuple[float, float]]
+def split_by_runs(window: Sequence[dict[str, Any]], runs: Sequence[tuple[float, ...]]
                   ) -> tuple[list[float], list[float]]:
     """The latencies of one window's heartbeats sent while a run was in flight (between
-    its submission and its landing, ends included), and of the others."""
-    intervals = _merge(runs)
+    its submission and its landing, ends included: a run's first and last time), and of
+    the others."""
+    intervals = _merge([(run[0], run[-1]) for run in runs])
     starts = [start for start, _ in intervals]
     in_flight: list[float] = []
     between: list[float] = []
@@ -1115,7 +1124,7 @@ def latency_figures(latencies: Sequence[float]) -> dict[str, Any]:
 
 def in_flight_figures(baseline: Sequence[Sequence[dict[str, Any]]],
                       windows: Sequence[Sequence[dict[str, Any]]],
-                      runs: Sequence[Sequence[tuple[float, float]]], duration: float
+                      runs: Sequence[Sequence[tuple[float, ...]]], duration: float
                       ) -> dict[str, Any]:
     """Issue 4's target as written: heartbeats sent while a run was in flight against the
     baseline windows (no run anywhere); `between_runs` are the in-flight windows' others."""
@@ -1128,7 +1137,8 @@ def in_flight_figures(baseline: Sequence[Sequence[dict[str, Any]]],
         in_flight += inside
         between += outside
         start, end = window[0]["window_s"]
-        overlapping = [(a, b) for a, b in window_runs if a < end and b > start]
+        overlapping = [(run[0], run[-1]) for run in window_runs
+                       if run[0] < end and run[-1] > start]
         flights += [b - a for a, b in overlapping]
         covered += sum(min(b, end) - max(a, start) for a, b in _merge(overlapping))
     base = [v for window in baseline for part in window for v in part["latencies_ms"]]
@@ -1148,7 +1158,48 @@ def in_flight_figures(baseline: Sequence[Sequence[dict[str, Any]]],
     # resizes, landings and new member epochs that the baseline windows have none of.
     figures["p99_ratio_between_runs"] = _ratio(figures["in_flight"]["p99_ms"],
                                                figures["between_runs"]["p99_ms"])
+    if all(len(run) == 3 for window_runs in runs for run in window_runs):
+        figures["where_in_flight"] = where_in_flight(windows, runs,
+                                                     figures["baseline"]["p99_ms"])
     return figures
+
+
+# Where in its flight a heartbeat was sent (`where_in_flight`): a flight's ends are where
+# the event loop works for the run (the resize and the packing at the start; the result
+# and the landing at the end).
+FLIGHT_END_S = 0.002
+FLIGHT_PARTS = ("first_2ms", "computing", "last_2ms", "landing")
+
+
+def where_in_flight(windows: Sequence[Sequence[dict[str, Any]]],
+                    runs: Sequence[Sequence[tuple[float, ...]]], slow_ms: float
+                    ) -> dict[str, dict[str, Any]]:
+    """The in-flight heartbeats by when in their run's flight they were sent: in the first
+    2 ms after submission, in the last 2 ms before the result was back on the event loop,
+    in between (the pool computing), or after it (the landing, until durable); with the
+    share of each slower than `slow_ms` (the baseline's p99: 1% there, by definition). A
+    heartbeat sent during two runs counts for the later one."""
+    counts = {part: [0, 0] for part in FLIGHT_PARTS}  # part -> [heartbeats, slower]
+    for window, window_runs in zip(windows, runs, strict=True):
+        sent = sorted((at, latency) for part in window
+                      for at, latency in zip(part.get("sent_s", ()), part["latencies_ms"],
+                                             strict=True))
+        times = [at for at, _latency in sent]
+        where: dict[int, str] = {}
+        for submitted, returned, landed in sorted(window_runs):
+            for index in range(bisect.bisect_left(times, submitted),
+                               bisect.bisect_right(times, landed)):
+                at = times[index]
+                where[index] = ("landing" if at > returned
+                                else "first_2ms" if at < submitted + FLIGHT_END_S
+                                else "last_2ms" if at > returned - FLIGHT_END_S
+                                else "computing")
+        for index, part in where.items():
+            counts[part][0] += 1
+            counts[part][1] += sent[index][1] > slow_ms
+    return {part: {"heartbeats": total,
+                   "slower_than_baseline_p99": round(slower / total, 4) if total else None}
+            for part, (total, slower) in counts.items()}
 
 
 def _ratio(high: float, low: float) -> float | None:
@@ -1164,7 +1215,7 @@ class Measured:
     loaded_stats: list[dict[str, Any]] = field(default_factory=list)
     baseline_runs: int = 0
     in_flight: list[list[dict[str, Any]]] = field(default_factory=list)
-    in_flight_runs: list[list[tuple[float, float]]] = field(default_factory=list)
+    in_flight_runs: list[list[tuple[float, float, float]]] = field(default_factory=list)
     in_flight_puts: int = 0
 
 
@@ -1407,6 +1458,13 @@ def _print_text(result: dict[str, Any]) -> None:
         for key in ("p99_ratio", "p999_ratio", "p99_ratio_between_runs", "runs",
                     "flight_ms_mean", "flight_ms_max", "in_flight_share", "puts"):
             print(f"{key:>24}  {flight[key]}")
+        where = flight.get("where_in_flight")
+        if where is not None:
+            print("in flight, by when sent: heartbeats, share slower than the baseline's p99")
+            for part, counted in where.items():
+                share = counted["slower_than_baseline_p99"]
+                print(f"{part:>24}  {counted['heartbeats']:>14}  "
+                      f"{'-' if share is None else f'{100 * share:.1f}%':>14}")
         window = flight["window"]
         for key in ("errors", "unstable", "unanswered", "load_cpu", "server_cpu",
                     "assignor_cpu", "machine_cpu"):

@@ -169,6 +169,25 @@ def test_heartbeats_are_split_by_when_they_were_sent() -> None:
     assert figures["p99_ratio_between_runs"] == 17.5
     with pytest.raises(BenchError):
         split_by_runs([{"latencies_ms": [1.0], "sent_s": []}], runs)
+    assert "where_in_flight" not in figures  # (runs without their return times)
+
+
+def test_in_flight_heartbeats_are_told_by_when_in_the_flight_they_were_sent() -> None:
+    # One run submitted at 100.0, back on the event loop at 100.010, landed at 100.013;
+    # another submitted at 100.012 (while the first lands), back at 100.030.
+    runs = [(100.0, 100.010, 100.013), (100.012, 100.030, 100.031)]
+    sent = [100.0005, 100.004, 100.006, 100.0095, 100.011, 100.0125, 100.020, 100.040]
+    latencies = [9.0, 1.0, 9.0, 9.0, 1.0, 9.0, 1.0, 9.0]
+    window = [{"latencies_ms": [], "window_s": [99.0, 101.0]},
+              {"latencies_ms": latencies, "sent_s": sent}]
+    baseline = [[{"latencies_ms": [1.0] * 100}]]
+    where = in_flight_figures(baseline, [window], [runs], duration=2.0)["where_in_flight"]
+    assert where == {
+        "first_2ms": {"heartbeats": 2, "slower_than_baseline_p99": 1.0},  # 0.5 ms; 100.0125
+        "computing": {"heartbeats": 3, "slower_than_baseline_p99": 0.3333},
+        "last_2ms": {"heartbeats": 1, "slower_than_baseline_p99": 1.0},
+        "landing": {"heartbeats": 1, "slower_than_baseline_p99": 0.0},
+    }
 
 
 def test_options_are_checked(capsys: pytest.CaptureFixture[str]) -> None:
@@ -246,18 +265,20 @@ def test_the_coordinator_s_log_file_is_read_as_it_grows(tmp_path: Path) -> None:
     log = ServerLog(tmp_path / "coordinator.log")
     assert log.landed_runs() == (0, [])  # not written yet
     ready = {"event": "ready", "listen": "127.0.0.1:9092", "admin": "http://127.0.0.1:8080"}
-    landed = {"event": "assignor_run_landed", "submitted_at": 10.5, "landed_at": 10.52}
+    landed = {"event": "assignor_run_landed", "submitted_at": 10.5, "returned_at": 10.51,
+              "landed_at": 10.52}
     first = json.dumps(ready) + "\n" + json.dumps(landed) + "\n"
-    second = json.dumps({**landed, "submitted_at": 11.0, "landed_at": 11.03})
+    second = json.dumps({**landed, "submitted_at": 11.0, "returned_at": 11.02,
+                         "landed_at": 11.03})
     with log.path.open("w") as file:
         file.write(first + second[:20])  # the coordinator is in the middle of a line
         file.flush()
-        assert log.landed_runs() == (1, [(10.5, 10.52)])
+        assert log.landed_runs() == (1, [(10.5, 10.51, 10.52)])
         assert log.target is not None and log.target.port == 9092
         assert log.target.admin == "http://127.0.0.1:8080"
         file.write(second[20:] + "\n")
         file.flush()
-        assert log.landed_runs() == (2, [(10.5, 10.52), (11.0, 11.03)])
+        assert log.landed_runs() == (2, [(10.5, 10.51, 10.52), (11.0, 11.02, 11.03)])
     assert list(log.tail)[-1] == second
 
 
