@@ -321,9 +321,11 @@ class GroupStore:
                     key.group_id, key.member_id, member.current if member else None, member
                 )
             case ConnectGroupTargetAssignmentMemberKey():
+                # The part object itself (replay takes one back as it was): an undo is
+                # replayed, never written, and building the record would cost a
+                # conversion of its units (~30 us for 50) in every landing.
                 group = self.groups.get(key.group_id)
-                part = group.target.get(key.member_id) if group else None
-                return target_member_record(key.group_id, key.member_id, part)
+                return Record(key, group.target.get(key.member_id) if group else None)
             case ConnectGroupTargetAssignmentMetadataKey():
                 group = self.groups.get(key.group_id)
                 if group is None:
@@ -402,11 +404,16 @@ class GroupStore:
         if old is not None and (old.version or old.metadata):
             group.versioned_parts -= 1
         if value is not None:
-            assert isinstance(value, ConnectGroupTargetAssignmentMemberValue)
-            target[key.member_id] = TargetPart(
-                units_from_record(value.assigned), value.version, value.metadata
-            )
-            if value.version or value.metadata:
+            if isinstance(value, TargetPart):  # an undo (`current_record`): the part it was
+                part = value
+            elif value is _last_built_part[0]:  # the record was just built from this part
+                part = _last_built_part[1]
+            else:
+                assert isinstance(value, ConnectGroupTargetAssignmentMemberValue)
+                part = TargetPart(units_from_record(value.assigned), value.version,
+                                  value.metadata)
+            target[key.member_id] = part
+            if part.version or part.metadata:
                 group.versioned_parts += 1
 
     def _replay_configuration(self, key: ConnectGroupConfigurationKey, value: object) -> None:
@@ -654,18 +661,24 @@ def current_assignment_record(
     )
 
 
+# The value of the last target record built from a part without a wire form, and that
+# part: the record is replayed at once (`_Change.write`), and its replay then takes the
+# part instead of building its units again from the record (~25 us for 50 units).
+_last_built_part: list[Any] = [None, None]
+
+
 def target_member_record(group_id: str, member_id: str, part: TargetPart | None) -> Record:
     key = ConnectGroupTargetAssignmentMemberKey(group_id=group_id, member_id=member_id)
     if part is None:
         return Record(key, None)
-    return Record(
-        key,
-        ConnectGroupTargetAssignmentMemberValue(
-            assigned=part.wire if part.wire is not None else units_to_wire(part.units),
-            version=part.version,
-            metadata=part.metadata,
-        ),
+    value = ConnectGroupTargetAssignmentMemberValue(
+        assigned=part.wire if part.wire is not None else units_to_wire(part.units),
+        version=part.version,
+        metadata=part.metadata,
     )
+    if part.wire is None:  # (a part with one would keep it: an Install's, replayed anew)
+        _last_built_part[0], _last_built_part[1] = value, part
+    return Record(key, value)
 
 
 def target_metadata_record(
