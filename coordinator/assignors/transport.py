@@ -85,6 +85,10 @@ class CompactResult:
     # Every unit is one the spec's connectors define, and none is given to two members.
     verified: bool = False
     assigned: int = 0  # units given, all members together
+    # The keys of the spec's previous target that are not its members (a departed member's
+    # part): a landing on the group as the spec saw it drops those among its target's
+    # parts, without going over them all. None: not known.
+    outsiders: tuple[str, ...] | None = None
 
 
 class ResidentMiss(Exception):
@@ -390,8 +394,9 @@ def compact(spec: AssignmentSpec, result: AssignmentResult,
             changed[member_id] = units
     verified = (check if check is not None else TargetCheck()).passes(spec.connectors, target)
     every_member = members_listed == len(target) == len(members)
+    outsiders = tuple(member_id for member_id in previous if member_id not in members)
     return CompactResult(changed, None if every_member else tuple(unchanged), result.state,
-                         result.rerun_at_ms, dict(result.extra), verified, listed)
+                         result.rerun_at_ms, dict(result.extra), verified, listed, outsiders)
 
 
 def unchanged_members(spec: AssignmentSpec, result: CompactResult) -> list[str] | tuple[str, ...]:

@@ -347,6 +347,10 @@ def test_only_changed_members_come_back_and_expand_reuses_the_spec_sets() -> Non
     assert all(full.target[m] is targets[m] for m in targets)  # the very same objects
     again = expand(spec, result)
     assert again.target == new_target and again.state == b"s" and again.rerun_at_ms == 5
+    assert stable.outsiders == ()  # every previous part is a member's
+    # A departed member's part is still in the previous target: the landing must drop it.
+    departed = replace(spec, previous_target={**targets, "gone": frozenset({("b", 0)})})
+    assert compact(departed, AssignmentResult(dict(targets))).outsiders == ("gone",)
 
 
 def test_results_that_break_the_rules_are_not_verified() -> None:

@@ -13,6 +13,8 @@ from hypothesis import strategies as st
 from coordinator.assignors.api import AssignmentResult
 from coordinator.assignors.transport import SpecPacker, compact, expand, run_packed
 from coordinator.config import ServerConfig
+from coordinator.core.group import target_member_record
+from coordinator.core.reconcile import TargetPart
 from coordinator.core.result import MappingChange
 from coordinator.units import Unit, units_of
 from protocol.errors import ErrorCode
@@ -60,6 +62,28 @@ def test_member_gone_during_run_loses_its_part() -> None:
     target = {m.member_id: wire_units(m.target) for m in ctx.describe(G).members}
     assert set(target) == {"w1"}
     assert ctx.core.store.groups[G].target.keys() == {"w1"}
+
+
+def test_a_landing_told_only_what_changed_drops_a_part_of_a_non_member() -> None:
+    # The core drops a member's target part when it removes the member, but a log may
+    # hold a part of someone who is no member (written elsewhere, say). A run that lands
+    # on the group as its spec saw it must drop that part, as the full landing does.
+    ctx = offload_context()
+    for member in ("w1", "w2"):
+        ctx.join(G, member, server_assignor=RR)
+        ctx.finish_job(ctx.jobs.pop())
+    ctx.core.store.replay(target_member_record(G, "ghost", TargetPart(frozenset({("A", 9)}))))
+    ctx.put_connector(G, "A", 4)
+    (run,) = ctx.jobs
+    outcome = compact(run.spec, ctx.assignors[RR].assign(run.spec))
+    assert outcome.verified and outcome.outsiders == ("ghost",)
+    group = ctx.core.store.groups[G]
+    targets_before = group.target_changes
+    ctx.finish_job(ctx.jobs.pop(), outcome)
+    assert group.target.keys() == {"w1", "w2"}
+    assert group.target_changes > targets_before  # (landed, not dropped as stale)
+    dropped = [r for r in ctx.last.records if getattr(r.key, "member_id", None) == "ghost"]
+    assert [r.value for r in dropped] == [None]
 
 
 def test_replaced_static_member_gets_the_part() -> None:
