@@ -976,9 +976,10 @@ class GroupCoordinator:
             # target holds every part of that target: its parts of non-members are among
             # the outsiders the worker found, which spares the loop a pass over the group.
             found = [m for m in changes.outsiders if m in target]
-            not_members = found if len(found) < 2 else [  # in the target's order, as
-                m for m in target if m in set(found)]       # `_install_target` drops them
-
+            if len(found) > 1:  # in the target's order, as `_install_target` drops them
+                dropped = set(found)
+                found = [m for m in target if m in dropped]
+            not_members = found
         self._end_target_install(group, change, run.group_epoch, not_members, 0,
                                  run.assignor, now_ms, changes.state, SERVER_MODE, assigned)
         self._after_run(group, run, changes.rerun_at_ms, change, now_ms)

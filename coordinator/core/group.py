@@ -296,8 +296,9 @@ class GroupStore:
     def current_record(self, key: object) -> Record:
         """The record that describes what the state holds for `key` now (None: nothing).
 
-        Writing it back undoes any later record with the same key: that is how a change
-        whose log write failed is rolled back.
+        Replaying it undoes any later record with the same key: that is how a change whose
+        log write failed is rolled back. Such a record is never written, so a target
+        part's carries the `TargetPart` itself, which its replay takes back as it was.
         """
         match key:
             case ConnectGroupMetadataKey():

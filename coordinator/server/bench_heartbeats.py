@@ -1090,12 +1090,12 @@ def _merge(intervals: Sequence[tuple[float, float]]) -> list[tuple[float, float]
     return merged
 
 
-def split_by_runs(window: Sequence[dict[str, Any]], runs: Sequence[tuple[float, ...]]
-                  ) -> tuple[list[float], list[float]]:
-    """The latencies of one window's heartbeats sent while a run was in flight (between
-    its submission and its landing, ends included: a run's first and last time), and of
-    the others."""
-    intervals = _merge([(run[0], run[-1]) for run in runs])
+def split_by_runs(window: Sequence[dict[str, Any]],
+                  runs: Sequence[tuple[float, float, float]]) -> tuple[list[float], list[float]]:
+    """The latencies of one window's heartbeats sent while a run (submitted, returned,
+    landed) was in flight (between its submission and its landing, ends included), and
+    of the others."""
+    intervals = _merge([(submitted, landed) for submitted, _returned, landed in runs])
     starts = [start for start, _ in intervals]
     in_flight: list[float] = []
     between: list[float] = []
@@ -1124,7 +1124,7 @@ def latency_figures(latencies: Sequence[float]) -> dict[str, Any]:
 
 def in_flight_figures(baseline: Sequence[Sequence[dict[str, Any]]],
                       windows: Sequence[Sequence[dict[str, Any]]],
-                      runs: Sequence[Sequence[tuple[float, ...]]], duration: float
+                      runs: Sequence[Sequence[tuple[float, float, float]]], duration: float
                       ) -> dict[str, Any]:
     """Issue 4's target as written: heartbeats sent while a run was in flight against the
     baseline windows (no run anywhere); `between_runs` are the in-flight windows' others."""
@@ -1137,8 +1137,8 @@ def in_flight_figures(baseline: Sequence[Sequence[dict[str, Any]]],
         in_flight += inside
         between += outside
         start, end = window[0]["window_s"]
-        overlapping = [(run[0], run[-1]) for run in window_runs
-                       if run[0] < end and run[-1] > start]
+        overlapping = [(submitted, landed) for submitted, _returned, landed in window_runs
+                       if submitted < end and landed > start]
         flights += [b - a for a, b in overlapping]
         covered += sum(min(b, end) - max(a, start) for a, b in _merge(overlapping))
     base = [v for window in baseline for part in window for v in part["latencies_ms"]]
@@ -1158,9 +1158,7 @@ def in_flight_figures(baseline: Sequence[Sequence[dict[str, Any]]],
     # resizes, landings and new member epochs that the baseline windows have none of.
     figures["p99_ratio_between_runs"] = _ratio(figures["in_flight"]["p99_ms"],
                                                figures["between_runs"]["p99_ms"])
-    if all(len(run) == 3 for window_runs in runs for run in window_runs):
-        figures["where_in_flight"] = where_in_flight(windows, runs,
-                                                     figures["baseline"]["p99_ms"])
+    figures["where_in_flight"] = where_in_flight(windows, runs, figures["baseline"]["p99_ms"])
     return figures
 
 
@@ -1172,7 +1170,7 @@ FLIGHT_PARTS = ("first_2ms", "computing", "last_2ms", "landing")
 
 
 def where_in_flight(windows: Sequence[Sequence[dict[str, Any]]],
-                    runs: Sequence[Sequence[tuple[float, ...]]], slow_ms: float
+                    runs: Sequence[Sequence[tuple[float, float, float]]], slow_ms: float
                     ) -> dict[str, dict[str, Any]]:
     """The in-flight heartbeats by when in their run's flight they were sent: in the first
     2 ms after submission, in the last 2 ms before the result was back on the event loop,

@@ -153,7 +153,9 @@ def test_heartbeats_are_split_by_when_they_were_sent() -> None:
                "sent_s": [100.5, 101.0, 101.6, 103.0, 104.5]},
               {"latencies_ms": [70.0, 4.0], "sent_s": [103.5, 109.9]}]
     # Two overlapping runs make one flight (101-102); another runs 103-104 (ends included).
-    runs = [(101.0, 101.5), (101.4, 101.55), (103.0, 104.0), (50.0, 60.0)]
+    # (submitted, returned, landed)
+    runs = [(101.0, 101.4, 101.5), (101.4, 101.5, 101.55), (103.0, 103.9, 104.0),
+            (50.0, 59.0, 60.0)]
     in_flight, between = split_by_runs(window, runs)
     assert sorted(in_flight) == [50.0, 60.0, 70.0]
     assert sorted(between) == [1.0, 2.0, 3.0, 4.0]
@@ -169,7 +171,10 @@ def test_heartbeats_are_split_by_when_they_were_sent() -> None:
     assert figures["p99_ratio_between_runs"] == 17.5
     with pytest.raises(BenchError):
         split_by_runs([{"latencies_ms": [1.0], "sent_s": []}], runs)
-    assert "where_in_flight" not in figures  # (runs without their return times)
+    where = figures["where_in_flight"]  # 101.0 and 103.0 open their runs; 103.5 computes
+    assert [where[part]["heartbeats"] for part in where] == [2, 1, 0, 0]
+    assert where["computing"]["slower_than_baseline_p99"] == 1.0
+    assert where["landing"]["slower_than_baseline_p99"] is None
 
 
 def test_in_flight_heartbeats_are_told_by_when_in_the_flight_they_were_sent() -> None:
