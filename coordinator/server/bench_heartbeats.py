@@ -478,9 +478,8 @@ class LoadProcess:
 # ============================================================================ coordinator
 
 
-# (runs landed since the coordinator started, [(submitted, landed) wall-clock seconds of the
-# latest ones]): when the coordinator's offloaded assignor runs were in flight.
-# (runs landed, [(submitted, returned, landed) of each recent run]), wall-clock seconds
+# (runs landed since the coordinator started, [(submitted, returned, landed) wall-clock
+# seconds of the latest ones]): when the coordinator's offloaded assignor runs were in flight.
 RunLog = Callable[[], tuple[int, list[tuple[float, float, float]]]]
 
 
@@ -1070,7 +1069,7 @@ async def _in_flight_window(processes: Sequence[LoadProcess], big: BigGroup, dur
                                        int]:
     """A window during which the big group is resized every IN_FLIGHT_PUT_INTERVAL_MS, so
     that one run at a time is in flight now and then; every heartbeat's send time comes
-    back, and so does every run's (submitted, landed)."""
+    back, and so does every run's (submitted, returned, landed)."""
     puts_before = big.puts
     async with trio.open_nursery() as nursery:
         nursery.start_soon(big.drive, time.perf_counter() + 0.3 + duration,

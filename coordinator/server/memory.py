@@ -6,7 +6,7 @@ object: for a group of 1,000 members and 50,000 units that is 30-50 ms during wh
 event loop waits, and an assignor result landing allocates enough to set one off every few
 runs. Yet the coordinator's state is not cyclic (frozensets of tuples, plain dataclasses) and
 is freed by reference counting; measured under `bench heartbeats --assignor-load`, the
-cyclic garbage comes to about 100 objects a second. So `serve`:
+collections of young objects find about 2 objects of cyclic garbage a second. So `serve`:
 
 * loads the log with young collections every 50,000 allocations instead of 700 (the
   replay itself runs with the collector off, and freezes what it allocated: `LogReplayer`);
