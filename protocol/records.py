@@ -3,7 +3,7 @@
 A record is a key and a value, both byte strings, in the layout Kafka's group coordinator
 uses for ``__consumer_offsets``:
 
-- key:   int16 record type id (the ``apiKey`` of the ``...Key``/``...Value`` pair, 3..9),
+- key:   int16 record type id (the ``apiKey`` of the ``...Key``/``...Value`` pair),
          then the key struct, non-flexible (legacy strings);
 - value: int16 value version (always 0 here), then the value struct, flexible;
          ``None`` is a tombstone that deletes what the key names.
@@ -37,6 +37,8 @@ from protocol.messages import (
     ConnectGroupMemberMetadataValue,
     ConnectGroupMetadataKey,
     ConnectGroupMetadataValue,
+    ConnectGroupRebalanceScheduleKey,
+    ConnectGroupRebalanceScheduleValue,
     ConnectGroupTargetAssignmentMemberKey,
     ConnectGroupTargetAssignmentMemberValue,
     ConnectGroupTargetAssignmentMetadataKey,
@@ -52,6 +54,7 @@ RecordKey: TypeAlias = (
     | ConnectGroupTargetAssignmentMemberKey
     | ConnectGroupCurrentMemberAssignmentKey
     | ConnectGroupConfigurationKey
+    | ConnectGroupRebalanceScheduleKey
 )
 RecordValue: TypeAlias = (
     ConnectGroupMetadataValue
@@ -61,6 +64,7 @@ RecordValue: TypeAlias = (
     | ConnectGroupTargetAssignmentMemberValue
     | ConnectGroupCurrentMemberAssignmentValue
     | ConnectGroupConfigurationValue
+    | ConnectGroupRebalanceScheduleValue
 )
 
 _Entity = TypeVar("_Entity", RecordKey, RecordValue)
@@ -73,6 +77,7 @@ _PAIRS: tuple[tuple[type[RecordKey], type[RecordValue]], ...] = (
     (ConnectGroupTargetAssignmentMemberKey, ConnectGroupTargetAssignmentMemberValue),
     (ConnectGroupCurrentMemberAssignmentKey, ConnectGroupCurrentMemberAssignmentValue),
     (ConnectGroupConfigurationKey, ConnectGroupConfigurationValue),
+    (ConnectGroupRebalanceScheduleKey, ConnectGroupRebalanceScheduleValue),
 )
 
 RECORD_TYPES: dict[int, tuple[type[RecordKey], type[RecordValue]]] = {

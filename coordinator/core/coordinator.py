@@ -22,7 +22,6 @@ from coordinator.assignors.api import (
     MemberSpec,
     ServerAssignor,
 )
-from coordinator.assignors.transport import CompactResult, expand
 from coordinator.config import ConfigError, GroupConfig, ServerConfig, parse_group_config
 from coordinator.core.group import (
     AssignorInfo,
@@ -36,6 +35,7 @@ from coordinator.core.group import (
     current_assignment_record,
     group_metadata_record,
     member_metadata_record,
+    rebalance_schedule_record,
     resized_connectors_record,
     target_member_record,
     target_metadata_record,
@@ -73,6 +73,7 @@ from coordinator.core.result import (
     Result,
     SpecChanges,
     TimerCancel,
+    TimerClearGroup,
     TimerKey,
     TimerOp,
     TimerSet,
@@ -175,39 +176,50 @@ class GroupCoordinator:
         self.store.replay(record)
 
     def rollback(self, result: Result[Any]) -> None:
-        """Undo a change whose records could not be made durable.
+        """Undo the records of a change that could not be made durable (newest first).
 
-        Changes must be rolled back newest first. Transient scheduling state (the chosen
-        worker, a prepared assignment) is dropped rather than restored: the normal flow
-        rebuilds it.
+        Only records are undone here; the shell then calls `reschedule` for the groups
+        the change touched, so that their timers and runs are derived from what is left.
         """
         for record in result.undo:
             self.store.replay(record)
-        for group in self.store.groups.values():
-            group.prepared = None
-            group.mode_cache = None
 
     def timers_after_load(self, now_ms: int) -> list[TimerOp]:
-        """After start-up replay: fresh session timers, revocation timers mid-revocation."""
-        timers: list[TimerOp] = []
-        for group in self.store.groups.values():
+        """After start-up replay: every group's timers, derived from its replayed state."""
+        return self.reschedule(list(self.store.groups), now_ms)
+
+    def reschedule(self, group_ids: Sequence[str], now_ms: int) -> list[TimerOp]:
+        """The one rule for scheduling state, after a load and after a rollback alike.
+
+        Each group's transient state (a client-side assignment in progress, the run in
+        flight, retry pauses, caches) is dropped, and its timers are those a coordinator
+        that had just replayed the log would arm: a session timer per member, a
+        revocation timer per member still releasing units, the assignment timer when a
+        new target is due or when the assignor asked to run again (a durable deadline).
+        A run in flight is abandoned: its result is never applied, and a new run starts
+        when the assignment timer fires. The shell cancels the groups' timers first.
+        """
+        operations: list[TimerOp] = []
+        for group_id in group_ids:
+            operations.append(TimerClearGroup(group_id))
+            group = self.store.groups.get(group_id)
+            if group is None:
+                continue
+            group.forget_transient_state()
             session = self._session_timeout(group)
             for member in group.members.values():
-                timers.append(
-                    TimerSet(
-                        _timer(SESSION_TIMER, group.group_id, member.member_id), now_ms + session
-                    )
-                )
+                operations.append(TimerSet(_timer(SESSION_TIMER, group_id, member.member_id),
+                                           now_ms + session))
                 if member.current.state is MemberState.UNREVOKED:
-                    timers.append(
-                        TimerSet(
-                            _timer(REVOCATION_TIMER, group.group_id, member.member_id),
-                            now_ms + self._rebalance_timeout(member),
-                        )
-                    )
+                    operations.append(TimerSet(
+                        _timer(REVOCATION_TIMER, group_id, member.member_id),
+                        now_ms + self._rebalance_timeout(member)))
             if group.members and group.epoch > group.assignment_epoch:
-                timers.append(TimerSet(_timer(ASSIGNMENT_TIMER, group.group_id), now_ms))
-        return timers
+                operations.append(TimerSet(_timer(ASSIGNMENT_TIMER, group_id), now_ms))
+            elif group.rerun_at_ms is not None:
+                operations.append(TimerSet(_timer(ASSIGNMENT_TIMER, group_id),
+                                           max(now_ms, group.rerun_at_ms)))
+        return operations
 
     # ------------------------------------------------------------------ config
     def _session_timeout(self, group: Group) -> int:
@@ -903,87 +915,25 @@ class GroupCoordinator:
     def complete_assignor_run(
         self,
         run: AssignorRun,
-        outcome: AssignmentResult | CompactResult | BaseException,
+        outcome: AssignmentResult | BaseException,
         now_ms: int,
         verified: bool = False,
     ) -> Result[None]:
-        """An offloaded run landed (or failed, or timed out): apply it with what changed.
+        """An offloaded run landed (or failed, or timed out): apply it.
 
         `verified`: the worker checked that every unit is one of the spec's and is given at
-        most once, so those checks need not be repeated here (a `CompactResult`, as the
-        worker pool returns it, says so itself).
+        most once, so those checks need not be repeated here. A run the group no longer
+        waits for (deleted, reset by a rollback or a restart) changes nothing.
         """
         change = _Change(self.store)
         group = self.store.groups.get(run.group_id)
-        if group is None or group.assignor_run is None or group.assignor_run.run_id != run.run_id:
-            return change.result(None)  # the group was deleted (or reset) meanwhile
+        if (group is None or group.assignor_run is None
+                or group.assignor_run.run_id != run.run_id or run.group_epoch > group.epoch):
+            return change.result(None)
         group.assignor_run = None
-        if isinstance(outcome, CompactResult):
-            if not self._apply_changes(group, run, outcome, change, now_ms):
-                self._apply_run(group, run, expand(run.spec, outcome), change, now_ms,
-                                outcome.verified)
-        else:
-            self._apply_run(group, run, outcome, change, now_ms, verified)
+        self._apply_run(group, run, outcome, change, now_ms, verified)
         self._maybe_new_target(group, change, now_ms)
         return change.result(None)
-
-    def _apply_changes(self, group: Group, run: AssignorRun, changes: CompactResult,
-                       change: _Change, now_ms: int) -> bool:
-        """`_apply_run` for the usual landing, in time proportional to the members whose
-        target changes rather than to the group (it runs on the event loop while a big
-        group's members heartbeat): the worker checked the result, and the group has the
-        members, metadata, connectors and target its spec was taken from, so there are no
-        missed changes to apply and every unchanged member keeps its part as it is. False,
-        having changed nothing, when that does not hold."""
-        if not (changes.verified
-                and group.metadata_changes == run.metadata_changes
-                and group.target_changes == run.target_changes  # (a rolled-back landing)
-                and not group.versioned_parts  # a server-side part has neither
-                and (run.spec.connectors is group.connectors
-                     or run.spec.connectors == group.connectors)):
-            return False
-        members, target = group.members, group.target
-        assigned = changes.assigned
-        parts: dict[str, TargetPart] = {}
-        for member_id, member_units in changes.changed.items():
-            if member_id in members:
-                parts[member_id] = TargetPart(member_units)
-            else:  # not a member (the assignor named someone else): dropped
-                assigned -= len(member_units)
-        unchanged = changes.unchanged
-        # None: the result names every member and no one else (the group has the spec's).
-        if unchanged is not None:
-            kept = len(unchanged)
-            for member_id in [m for m in unchanged if m not in members]:
-                assigned -= len(run.spec.previous_target[member_id])
-                kept -= 1
-            if kept + len(parts) < len(members):  # members the result leaves out get nothing
-                listed = set(changes.changed).union(unchanged)
-                for member_id in members:
-                    if member_id not in listed:
-                        parts[member_id] = EMPTY_TARGET
-        group_id = group.group_id
-        # In the members' order, as `_install_target` writes them.
-        for member_id in [m for m in members if m in parts] if len(parts) > 1 else parts:
-            part, old = parts[member_id], target.get(member_id)
-            if old is not part and old != part:
-                change.write(target_member_record(group_id, member_id, part))
-        if changes.outsiders is None:
-            not_members = ([] if target.keys() <= members.keys()  # the usual case, at C speed
-                           else [m for m in target if m not in members])
-        else:
-            # The group has the spec's members and target (above), and the spec's previous
-            # target holds every part of that target: its parts of non-members are among
-            # the outsiders the worker found, which spares the loop a pass over the group.
-            found = [m for m in changes.outsiders if m in target]
-            if len(found) > 1:  # in the target's order, as `_install_target` drops them
-                dropped = set(found)
-                found = [m for m in target if m in dropped]
-            not_members = found
-        self._end_target_install(group, change, run.group_epoch, not_members, 0,
-                                 run.assignor, now_ms, changes.state, SERVER_MODE, assigned)
-        self._after_run(group, run, changes.rerun_at_ms, change, now_ms)
-        return True
 
     def _apply_run(
         self,
@@ -1057,7 +1007,8 @@ class GroupCoordinator:
             change.timers.append(
                 TimerSet(_timer(ASSIGNMENT_TIMER, group.group_id), max(rerun_at_ms, now_ms))
             )
-        group.rerun_at_ms = rerun_at_ms
+        if rerun_at_ms != group.rerun_at_ms:
+            change.write(rebalance_schedule_record(group.group_id, rerun_at_ms))
 
     def _install_target(
         self,
@@ -1327,7 +1278,7 @@ class GroupCoordinator:
                 and group.epoch == group.assignment_epoch
                 and group.members
             ):
-                group.rerun_at_ms = None
+                change.write(rebalance_schedule_record(group_id, None))
                 self._bump(group, change, trigger=TRIGGER_DELAYED_REBALANCE)
             self._maybe_new_target(group, change, now_ms)
         return change.result(None)
@@ -1574,6 +1525,7 @@ class GroupCoordinator:
         change.write(connectors_record(group_id, None))
         change.write(configuration_record(group_id, None))
         change.write(Record(target_metadata_record(group_id, 0, 0, None, -1, b"").key, None))
+        change.write(rebalance_schedule_record(group_id, None))
         change.write(Record(group_metadata_record(group_id, 0).key, None))
         change.timers.append(TimerCancel(_timer(ASSIGNMENT_TIMER, group_id)))
         change.timers.append(TimerCancel(_timer(ASSIGNOR_TIMER, group_id)))

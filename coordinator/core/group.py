@@ -35,6 +35,8 @@ from protocol.messages import (
     ConnectGroupMemberMetadataValue,
     ConnectGroupMetadataKey,
     ConnectGroupMetadataValue,
+    ConnectGroupRebalanceScheduleKey,
+    ConnectGroupRebalanceScheduleValue,
     ConnectGroupTargetAssignmentMemberKey,
     ConnectGroupTargetAssignmentMemberValue,
     ConnectGroupTargetAssignmentMetadataKey,
@@ -139,11 +141,13 @@ class Group:
     owners: dict[Unit, str] = field(default_factory=dict)  # unit -> member that holds it
     unreconciled: set[str] = field(default_factory=set)
     config: GroupConfig = field(default_factory=GroupConfig)
-    # Transient (not in records): client-side assignment in progress.
+    # When the server-side assignor asked to run again (held-back units are released then).
+    rerun_at_ms: int | None = None
+    # Transient (not in records), dropped by `forget_transient_state` after a load or a
+    # rollback: a client-side assignment in progress.
     chosen_member: str | None = None
     compute_requested_ms: int | None = None
     prepared: PreparedAssignment | None = None
-    rerun_at_ms: int | None = None  # a server assignor asked to run again then
     assignor_run: Any = None  # the offloaded AssignorRun in flight, if any
     retry_after_ms: int = 0  # after a failed assignor run, the next waits until then
     # Target parts of members removed since the last server-side run: the assignor sees
@@ -200,6 +204,27 @@ class Group:
         if self.unreconciled:
             return "RECONCILING"
         return "STABLE"
+
+    def forget_transient_state(self) -> None:
+        """Drop what records do not describe, as a freshly loaded group has none of it:
+        the client-side assignment in progress, the run in flight (its result will be
+        ignored), a failed run's pause, and the caches the next run's spec is built from.
+        Target parts of departed members stay only for those still gone."""
+        self.chosen_member = None
+        self.compute_requested_ms = None
+        self.prepared = None
+        self.chosen_epoch = -1
+        self.assignor_run = None
+        self.retry_after_ms = 0
+        self.mode_cache = None
+        self.departed_parts = {member_id: part for member_id, part in self.departed_parts.items()
+                               if member_id not in self.members}
+        self.member_specs = {}
+        self.stale_specs = set(self.members)
+        self.previous_target_view = None
+        self.changed_targets = set()
+        self.spec_connectors = None
+        self.resized_since_spec = None
 
     def is_reconciled(self, member: Member) -> bool:
         current = member.current
@@ -342,6 +367,10 @@ class GroupStore:
             case ConnectGroupConfigurationKey():
                 group = self.groups.get(key.group_id)
                 return configuration_record(key.group_id, group.config if group else None)
+            case ConnectGroupRebalanceScheduleKey():
+                group = self.groups.get(key.group_id)
+                return rebalance_schedule_record(key.group_id,
+                                                 group.rerun_at_ms if group else None)
         raise InvariantViolation(f"no record type for key {key!r}")
 
     def _find_member(self, group_id: str, member_id: str) -> Member | None:
@@ -434,6 +463,15 @@ class GroupStore:
                 ),
                 scheduled_rebalance_max_delay_ms=value.scheduled_rebalance_max_delay_ms,
             )
+
+    def _replay_rebalance_schedule(self, key: ConnectGroupRebalanceScheduleKey,
+                                   value: object) -> None:
+        group = self.group(key.group_id)
+        if value is None:
+            group.rerun_at_ms = None
+        else:
+            assert isinstance(value, ConnectGroupRebalanceScheduleValue)
+            group.rerun_at_ms = value.rerun_at_ms
 
     def _delete_group(self, group_id: str) -> None:
         group = self.groups.pop(group_id, None)
@@ -595,6 +633,7 @@ GroupStore._appliers = {
     ConnectGroupTargetAssignmentMemberKey: GroupStore._replay_target_member,
     ConnectGroupTargetAssignmentMetadataKey: GroupStore._replay_target_metadata,
     ConnectGroupConfigurationKey: GroupStore._replay_configuration,
+    ConnectGroupRebalanceScheduleKey: GroupStore._replay_rebalance_schedule,
 }
 _MEMBER_STATES = {int(state): state for state in MemberState}
 
@@ -700,6 +739,13 @@ def target_metadata_record(
             assignor_state=assignor_state,
         ),
     )
+
+
+def rebalance_schedule_record(group_id: str, rerun_at_ms: int | None) -> Record:
+    key = ConnectGroupRebalanceScheduleKey(group_id=group_id)
+    if rerun_at_ms is None:
+        return Record(key, None)
+    return Record(key, ConnectGroupRebalanceScheduleValue(rerun_at_ms=rerun_at_ms))
 
 
 def connectors_record(group_id: str, connectors: dict[str, int] | None) -> Record:

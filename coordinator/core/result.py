@@ -70,7 +70,14 @@ class TimerCancel:
     key: TimerKey
 
 
-TimerOp = TimerSet | TimerCancel
+@dataclass(frozen=True, slots=True)
+class TimerClearGroup:
+    """Cancel every timer of a group: what precedes its timers derived anew (`reschedule`)."""
+
+    group_id: str
+
+
+TimerOp = TimerSet | TimerCancel | TimerClearGroup
 
 
 @dataclass(frozen=True, slots=True)

@@ -48,11 +48,22 @@ from coordinator.assignors.transport import (
     PackedRun,
     ResidentMiss,
     SpecPacker,
+    expand,
     run_packed,
 )
 from coordinator.config import ServerConfig
 from coordinator.core.coordinator import GroupCoordinator
-from coordinator.core.result import AssignorRun, Event, Record, Result, TimerKey, TimerOp, TimerSet
+from coordinator.core.result import (
+    AssignorRun,
+    Event,
+    Record,
+    Result,
+    TimerCancel,
+    TimerClearGroup,
+    TimerKey,
+    TimerOp,
+    TimerSet,
+)
 from coordinator.core.validation import check_install, install_unit_count
 from coordinator.metrics import Metrics
 from coordinator.server.scheduling import (
@@ -148,8 +159,15 @@ class TimerScheduler:
         for operation in operations:
             if isinstance(operation, TimerSet):
                 self.set(operation.key, operation.deadline_ms)
-            else:
+            elif isinstance(operation, TimerCancel):
                 self.cancel(operation.key)
+            else:
+                self.cancel_group(operation.group_id)
+
+    def cancel_group(self, group_id: str) -> None:
+        """Cancel every timer of the group (rare: a rollback; goes over all timers)."""
+        for key in [key for key in self._deadlines if key[1] == group_id]:
+            del self._deadlines[key]
 
     def _push(self, key: TimerKey, deadline_ms: int) -> None:
         earliest = self._heap[0][0] if self._heap else None
@@ -313,6 +331,16 @@ class AssignorPool:
 # Checking an Install costs about 0.3 us per listed unit (BENCHMARKS.md): from here on
 # it would hold the event loop for a millisecond or more.
 INSTALL_OFFLOAD_UNITS = 4_000
+
+
+def _groups_touched(result: Result[Any]) -> set[str]:
+    """The groups a change wrote records for, set timers of or started runs for."""
+    touched = {record.key.group_id for record in result.records}
+    touched.update(run.group_id for run in result.jobs)
+    for operation in result.timers:
+        touched.add(operation.group_id if isinstance(operation, TimerClearGroup)
+                    else operation.key[1])
+    return touched
 
 
 class NotDurable(ApiError):
@@ -509,6 +537,10 @@ class Runtime:
         del self._unconfirmed[start:]
         for result in reversed(undone):
             self.core.rollback(result)
+        # Timers and runs these changes started or cancelled are derived anew from the
+        # state as it is now: as if the coordinator had never seen the changes.
+        touched = {group_id for result in undone for group_id in _groups_touched(result)}
+        self.timers.apply(self.core.reschedule(sorted(touched), self.clock.now_ms()))
 
     def roll_back_writes(self, failed: Sequence[Sequence[Record]]) -> None:
         """A sink's failure hook: `failed` are the record lists of the failed writes (a
@@ -672,8 +704,12 @@ class Runtime:
         duration_ms = round((time.perf_counter() - started) * 1000, 2)
         try:
             await trio.lowlevel.checkpoint()  # the result arrived: answer heartbeats first
-            await self.complete(self.core.complete_assignor_run(
-                run, outcome, self.clock.now_ms()))
+            if isinstance(outcome, CompactResult):
+                landed = self.core.complete_assignor_run(
+                    run, expand(run.spec, outcome), self.clock.now_ms(), outcome.verified)
+            else:
+                landed = self.core.complete_assignor_run(run, outcome, self.clock.now_ms())
+            await self.complete(landed)
         except Exception:
             log.exception("assignor_result_failed", group=run.group_id, run=run.run_id)
         times = RunTimes(run.group_id, run.run_id, label, submitted, returned, time.time())

@@ -33,6 +33,10 @@ from protocol.messages.connect_group_prepare_assignment_request import (
 from protocol.messages.connect_group_prepare_assignment_response import (
     ConnectGroupPrepareAssignmentResponse,
 )
+from protocol.messages.connect_group_rebalance_schedule_key import ConnectGroupRebalanceScheduleKey
+from protocol.messages.connect_group_rebalance_schedule_value import (
+    ConnectGroupRebalanceScheduleValue,
+)
 from protocol.messages.connect_group_target_assignment_member_key import (
     ConnectGroupTargetAssignmentMemberKey,
 )
@@ -65,6 +69,8 @@ __all__ = [
     "ConnectGroupMetadataValue",
     "ConnectGroupPrepareAssignmentRequest",
     "ConnectGroupPrepareAssignmentResponse",
+    "ConnectGroupRebalanceScheduleKey",
+    "ConnectGroupRebalanceScheduleValue",
     "ConnectGroupTargetAssignmentMemberKey",
     "ConnectGroupTargetAssignmentMemberValue",
     "ConnectGroupTargetAssignmentMetadataKey",

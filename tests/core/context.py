@@ -10,10 +10,19 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from coordinator.assignors import load_assignors
+from coordinator.assignors.transport import CompactResult, expand
 from coordinator.config import ServerConfig
 from coordinator.core.coordinator import GroupCoordinator
 from coordinator.core.group import units_to_wire
-from coordinator.core.result import AssignorRun, Record, Result, TimerCancel, TimerKey, TimerSet
+from coordinator.core.result import (
+    AssignorRun,
+    Record,
+    Result,
+    TimerCancel,
+    TimerClearGroup,
+    TimerKey,
+    TimerSet,
+)
 from coordinator.units import CONNECTOR, Unit
 from protocol.errors import ErrorCode
 from protocol.messages import (
@@ -67,17 +76,23 @@ class Context:
     def apply(self, result: Result[Any]) -> Any:
         self.last = result
         self.log.extend(result.records)
-        for op in result.timers:
-            if isinstance(op, TimerSet):
-                self.timers[op.key] = op.deadline_ms
-            elif isinstance(op, TimerCancel):
-                self.timers.pop(op.key, None)
+        self.apply_timers(result.timers)
         self.jobs.extend(result.jobs)
         response = result.response
         while self.run_jobs and self.jobs:
             self.finish_job(self.jobs.pop(0))
         self.last = result
         return response
+
+    def apply_timers(self, operations: Iterable[Any]) -> None:
+        for op in operations:
+            if isinstance(op, TimerSet):
+                self.timers[op.key] = op.deadline_ms
+            elif isinstance(op, TimerCancel):
+                self.timers.pop(op.key, None)
+            elif isinstance(op, TimerClearGroup):
+                for key in [k for k in self.timers if k[1] == op.group_id]:
+                    del self.timers[key]
 
     def finish_job(self, job: AssignorRun, outcome: Any = None) -> None:
         """Complete an offloaded run, as the worker pool would (or with a given outcome)."""
@@ -86,7 +101,11 @@ class Context:
                 outcome = self.assignors[job.assignor].assign(job.spec)
             except Exception as error:
                 outcome = error
-        self.apply(self.core.complete_assignor_run(job, outcome, self.now))
+        if isinstance(outcome, CompactResult):  # as the shell lands the pool's results
+            self.apply(self.core.complete_assignor_run(
+                job, expand(job.spec, outcome), self.now, outcome.verified))
+        else:
+            self.apply(self.core.complete_assignor_run(job, outcome, self.now))
 
     def advance(self, ms: int) -> list[TimerKey]:
         """Move the clock, firing due timers in deadline order; returns the fired keys."""

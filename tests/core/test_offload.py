@@ -149,8 +149,7 @@ def test_inline_when_offload_is_disabled_for_the_group() -> None:
 def finish_through_the_pool_transport(ctx: Context, job: Any) -> None:
     """What the runtime does: pack, run in the worker, compact, apply the compact result."""
     packed = SpecPacker().pack(ctx.assignors[job.assignor], job.spec)
-    compact_result = run_packed(pickle.loads(pickle.dumps(packed)))
-    ctx.apply(ctx.core.complete_assignor_run(job, compact_result, ctx.now))
+    ctx.finish_job(job, run_packed(pickle.loads(pickle.dumps(packed))))
 
 
 def finish_expanded(ctx: Context, job: Any) -> None:
