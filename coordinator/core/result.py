@@ -149,3 +149,13 @@ class Result(Generic[R]):
     undo: list[Record] = field(default_factory=list)
     # Server-side assignor runs to start in the worker pool.
     jobs: list[AssignorRun] = field(default_factory=list)
+
+    def touched_groups(self) -> set[str]:
+        """The groups this change wrote records for, set timers of or started runs for:
+        those to `reschedule` if it is rolled back."""
+        touched = {record.key.group_id for record in self.records}
+        touched.update(run.group_id for run in self.jobs)
+        for operation in self.timers:
+            touched.add(operation.group_id if isinstance(operation, TimerClearGroup)
+                        else operation.key[1])
+        return touched

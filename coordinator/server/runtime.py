@@ -59,7 +59,6 @@ from coordinator.core.result import (
     Record,
     Result,
     TimerCancel,
-    TimerClearGroup,
     TimerKey,
     TimerOp,
     TimerSet,
@@ -333,16 +332,6 @@ class AssignorPool:
 INSTALL_OFFLOAD_UNITS = 4_000
 
 
-def _groups_touched(result: Result[Any]) -> set[str]:
-    """The groups a change wrote records for, set timers of or started runs for."""
-    touched = {record.key.group_id for record in result.records}
-    touched.update(run.group_id for run in result.jobs)
-    for operation in result.timers:
-        touched.add(operation.group_id if isinstance(operation, TimerClearGroup)
-                    else operation.key[1])
-    return touched
-
-
 class NotDurable(ApiError):
     """The records of a change could not be written; the change was rolled back."""
 
@@ -539,7 +528,7 @@ class Runtime:
             self.core.rollback(result)
         # Timers and runs these changes started or cancelled are derived anew from the
         # state as it is now: as if the coordinator had never seen the changes.
-        touched = {group_id for result in undone for group_id in _groups_touched(result)}
+        touched = {group_id for result in undone for group_id in result.touched_groups()}
         self.timers.apply(self.core.reschedule(sorted(touched), self.clock.now_ms()))
 
     def roll_back_writes(self, failed: Sequence[Sequence[Record]]) -> None:
