@@ -683,17 +683,21 @@ class GroupCoordinator:
     ) -> None:
         before = member.current
         owners = group.owners
+        target = group.target.get(member.member_id, EMPTY_TARGET)
         after = reconcile(
             member.member_id,
             before,
             group.assignment_epoch,
-            group.target.get(member.member_id, EMPTY_TARGET),
+            target,
             group.assignment_error,
             owned,
             owners.get,
         )
         if after is before:
             return
+        if after.assigned is target.units and target.wire is not None \
+                and after.assigned is not before.assigned:
+            member.assigned_wire = (target.units, target.wire)  # reached its target: no new form
         change.write(current_assignment_record(group.group_id, member.member_id, after, member))
         key = _timer(REVOCATION_TIMER, group.group_id, member.member_id)
         if after.state is MemberState.UNREVOKED:

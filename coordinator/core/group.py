@@ -8,6 +8,7 @@ transient: it is rebuilt after a restart by the normal flow.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -250,24 +251,13 @@ class PreparedAssignment:
 # --- conversions between the model and the wire/record structs ---------------------------
 
 
-# After a new target epoch every member's next heartbeat writes its current assignment
-# (and the undo of that record) and answers with it: three conversions of one set object,
-# about 26 us each for 50 tasks. The last set converted is remembered by identity.
-_last_converted: list[Any] = [None, None]  # [the frozenset, its wire form]
 EMPTY_WIRE = ConnectorsAndTasks(connectors=(), tasks=())
 
 
 def units_to_wire(units: Iterable[Unit]) -> ConnectorsAndTasks:
     if not units:
         return EMPTY_WIRE
-    last = _last_converted
-    if units is last[0]:
-        wire: ConnectorsAndTasks = last[1]
-        return wire
-    wire = _convert(units)
-    if type(units) is frozenset:
-        last[0], last[1] = units, wire
-    return wire
+    return _convert(units)
 
 
 def _convert(units: Iterable[Unit]) -> ConnectorsAndTasks:
@@ -378,7 +368,8 @@ class GroupStore:
         return group.members.get(member_id) if group else None
 
     def replay(self, record: Record) -> None:
-        self.apply(record.key, record.value)
+        model = record.model
+        self.apply(record.key, record.value if model is None else model)
 
     def apply(self, key: Any, value: Any) -> None:
         """`replay` of the record (key, value), for callers that hold them apart."""
@@ -434,10 +425,8 @@ class GroupStore:
         if old is not None and (old.version or old.metadata):
             group.versioned_parts -= 1
         if value is not None:
-            if isinstance(value, TargetPart):  # an undo (`current_record`): the part it was
+            if isinstance(value, TargetPart):  # the part the record was built from, or an undo
                 part = value
-            elif value is _last_built_part[0]:  # the record was just built from this part
-                part = _last_built_part[1]
             else:
                 assert isinstance(value, ConnectGroupTargetAssignmentMemberValue)
                 part = TargetPart(units_from_record(value.assigned), value.version,
@@ -701,24 +690,17 @@ def current_assignment_record(
     )
 
 
-# The value of the last target record built from a part without a wire form, and that
-# part: the record is replayed at once (`_Change.write`), and its replay then takes the
-# part instead of building its units again from the record (~5 us for 50 units).
-_last_built_part: list[Any] = [None, None]
-
-
 def target_member_record(group_id: str, member_id: str, part: TargetPart | None) -> Record:
     key = ConnectGroupTargetAssignmentMemberKey(group_id=group_id, member_id=member_id)
     if part is None:
         return Record(key, None)
+    if part.wire is None:
+        # The part keeps the wire form built here: the member's current assignment record
+        # and its answer, once it reaches this target, then need no conversion of their own.
+        part = dataclasses.replace(part, wire=units_to_wire(part.units))
     value = ConnectGroupTargetAssignmentMemberValue(
-        assigned=part.wire if part.wire is not None else units_to_wire(part.units),
-        version=part.version,
-        metadata=part.metadata,
-    )
-    if part.wire is None:  # (a part with one would keep it: an Install's, replayed anew)
-        _last_built_part[0], _last_built_part[1] = value, part
-    return Record(key, value)
+        assigned=part.wire, version=part.version, metadata=part.metadata)
+    return Record(key, value, model=part)
 
 
 def target_metadata_record(

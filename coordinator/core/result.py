@@ -52,11 +52,15 @@ class Record:
 
     `encoded`: the value's bytes, when whoever built the record had them at hand for less
     than encoding it (the connectors record of a resize); exactly `encode_value(value)`.
+    `model`: see below; replay at start-up (records decoded from the log) has none.
     """
 
     key: Any
     value: Any | None
     encoded: bytes | None = field(default=None, compare=False, repr=False)
+    # The model object the value was built from (a target part), when the builder had it:
+    # replaying the record takes it instead of converting the value back. Never written.
+    model: Any = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
