@@ -105,6 +105,9 @@ class LogSink:
                 batch, self._queue = self._queue, []
                 await self._flush(batch)
         finally:
+            if self._queue:  # stopped with changes still queued: none of them is durable
+                self._fail(self._queue, LogError("the log stopped before this change was written"))
+                self._queue = []
             self._stopped.set()
 
     async def _flush(self, batch: list[_QueuedWrite]) -> None:
@@ -116,15 +119,19 @@ class LogSink:
             failed = batch + self._queue
             self._queue = []
             log.error("log_flush_failed", error=str(error), changes=len(failed))
-            for queued in failed:
-                queued.error = error
-            if self.on_failure is not None:
-                self.on_failure([queued.source for queued in failed])
-            for queued in failed:
-                queued.done.set()
+            self._fail(failed, error)
             return
         self.flushes += 1
         for queued in batch:
+            queued.done.set()
+
+    def _fail(self, failed: list[_QueuedWrite], error: BaseException) -> None:
+        """Fail these writes: the runtime rolls them back before any waiter wakes."""
+        for queued in failed:
+            queued.error = error
+        if self.on_failure is not None:
+            self.on_failure([queued.source for queued in failed])
+        for queued in failed:
             queued.done.set()
 
     def _append_and_sync(self, batch: list[_QueuedWrite], now_ms: int) -> None:

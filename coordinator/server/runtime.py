@@ -501,7 +501,11 @@ class Runtime:
         started = time.perf_counter()
         self._unconfirmed.append(result)
         try:
-            await self.sink.write(result.records)
+            # Shielded: a caller that gives up (its client went away) must not stop the
+            # change from being tracked until the sink says whether it is durable; a
+            # write that then fails rolls it back like any other.
+            with trio.CancelScope(shield=True):
+                await self.sink.write(result.records)
         except Exception as error:
             log.error("record_write_failed", records=len(result.records), exc_info=True)
             self.roll_back_from(result)
