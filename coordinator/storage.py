@@ -41,7 +41,6 @@ from coordinator.log import (
 )
 from coordinator.log.files import FileLayer
 from coordinator.metrics import Metrics
-from coordinator.server.scheduling import to_background_thread
 from protocol.records import RecordDecodeError, decode_record, encode_key, encode_value
 
 log = structlog.get_logger("connect_coordinator.storage")
@@ -113,7 +112,7 @@ class LogSink:
     async def _flush(self, batch: list[_QueuedWrite]) -> None:
         now_ms = self._now_ms()
         try:
-            await to_background_thread(self._append_and_sync, batch, now_ms)
+            await trio.to_thread.run_sync(self._append_and_sync, batch, now_ms)
         except (LogError, OSError) as error:
             self.failed_flushes += 1
             failed = batch + self._queue
@@ -157,7 +156,7 @@ class LogSink:
         self._wakeup.set()
         await self._stopped.wait()
         if self.writer is not None:
-            await to_background_thread(self.writer.close)
+            await trio.to_thread.run_sync(self.writer.close)
 
 
 class LogReplayer:
@@ -165,8 +164,10 @@ class LogReplayer:
 
     def __init__(self, data_dir: Path, config: ServerConfig, sink: LogSink | None = None,
                  file_layer: FileLayer | None = None, *, freeze_loaded: bool = False) -> None:
-        """`freeze_loaded`: the process is the coordinator's own (`serve`): what the load
-        allocates leaves the cyclic collector's sight when it is done (`gc.freeze`)."""
+        """`freeze_loaded`: the process is the coordinator's own (`serve`): the cyclic
+        collector is paused while the log loads, and what the load allocated leaves its
+        sight when it is done (`gc.freeze`). Otherwise the process's collector is left
+        as it is."""
         self.data_dir = data_dir
         self.sink = sink
         self.config = config
@@ -180,17 +181,18 @@ class LogReplayer:
         # the growing heap again and again and find nothing (a third of the load time).
         # Those objects still sit in the youngest generation afterwards, so the first
         # collection would walk them all (a 0.3 s pause after loading 1,000,000 records);
-        # frozen, no collection walks them until the periodic full pass
-        # (coordinator/server/memory.py). A test process keeps them in sight: freezing
-        # would also keep its pending cyclic garbage.
+        # frozen, collections leave them alone. Only in `serve`'s own process: a process
+        # that merely uses this class keeps its collector as it set it.
         collecting = gc.isenabled()
-        gc.disable()
+        if self.freeze_loaded:
+            gc.disable()
         try:
             await self._load(core)
         finally:
             if self.freeze_loaded:
                 gc.freeze()
-            if collecting:
+                log.info("gc_frozen", objects=gc.get_freeze_count())
+            if collecting and self.freeze_loaded:
                 gc.enable()
 
     async def _load(self, core: GroupCoordinator) -> None:
@@ -281,7 +283,7 @@ async def compact_once(sink: LogSink, config: ServerConfig, now_ms: int
     if writer is None or writer.broken:
         return None
     started = time.perf_counter()
-    report = await to_background_thread(
+    report = await trio.to_thread.run_sync(
         partial(compact, writer.data_dir, now_ms, config.log_tombstone_retention_ms,
                 writer.file_layer, durable_end_offset=writer.durable_end_offset))
     log.info("log_compacted", segments_examined=report.segments_examined,

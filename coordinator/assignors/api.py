@@ -2,9 +2,7 @@
 
 Assignors run inline or in worker processes (trio-parallel), so a spec and a result must
 pickle and an assignor must not touch coordinator state: a spec's mappings are the
-coordinator's own, shared between runs while they do not change, and are read only. In a
-worker process, a run has SIGALRM to itself for its courtesy pauses
-(`coordinator/server/scheduling.py`): an assignor must not set alarms of its own.
+coordinator's own, shared between runs while they do not change, and are read only.
 Third-party assignors register under the ``connect_coordinator.assignors`` entry-point
 group (value: a class or factory returning an object with ``name`` and ``assign``).
 """

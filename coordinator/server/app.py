@@ -18,7 +18,6 @@ from coordinator.core.coordinator import GroupCoordinator
 from coordinator.log.files import FileLayer
 from coordinator.log.lock import DataDirLock
 from coordinator.metrics import Metrics
-from coordinator.server import memory, scheduling
 from coordinator.server.admin import build_admin_app
 from coordinator.server.kafka import KafkaServer
 from coordinator.server.runtime import Clock, RecordSink, Runtime
@@ -62,13 +61,10 @@ async def run_server(
     With a data dir the state lives in the record log there: it is replayed before the
     server reports ready (KRPC answers COORDINATOR_LOAD_IN_PROGRESS meanwhile).
     `file_layer` replaces the OS file layer under the log (tests inject faults with it).
-    `tune_process`: the process is the coordinator's own (`serve`): tune the garbage
-    collector for it (coordinator/server/memory.py) and ask for a short CPU slice for the
-    event loop (coordinator/server/scheduling.py).
+    `tune_process`: the process is the coordinator's own (`serve`): the log's load may
+    pause the cyclic collector and freeze what it loaded (`LogReplayer`); library callers
+    and tests leave their process's collector alone.
     """
-    if tune_process:
-        memory.tune_collector()
-        scheduling.request_short_slice()  # this is the event loop's thread
     # One coordinator per data directory: a second one's appends would interleave.
     data_dir_lock: DataDirLock | None = None
     if sink is None and data_dir is not None:
@@ -106,9 +102,6 @@ async def run_server(
             admin_port = int(binds[0].rsplit(":", 1)[1])
             handle = ServerHandle(runtime, kafka_port, admin_port)
             await runtime.wait_ready()
-            if tune_process:
-                memory.freeze_loaded_state()
-                nursery.start_soon(memory.collect_periodically)
             if log_sink is not None:  # compaction runs in a thread, never on the request path
                 nursery.start_soon(compact_periodically, log_sink, config, runtime.now_ms,
                                    metrics)

@@ -62,12 +62,7 @@ there first, instead of letting them write their records during the window) foll
 
 The load processes collect garbage just before each window and not during it
 (`--load-gc on` keeps Python's own schedule): a full collection of a load process stalls
-its 100 workers for 20-70 ms, which is the instrument's pause, not the coordinator's. For
-the same reason each load process asks for a short CPU slice, as `serve` does for its event
-loop (`--load-slice default` keeps the kernel's): on a 2-vCPU machine, a load process that
-wakes for an answer while the assignor pool computes could otherwise wait for the rest of
-the pool's slice (1.4 ms here). A short slice also lets the load be preempted sooner while
-it works; which setting disturbs the measurement less is not settled yet (BENCHMARKS.md).
+its 100 workers for 20-70 ms, which is the instrument's pause, not the coordinator's.
 `machine_cpu` is what the whole machine used during the windows: on a shared machine, what
 the coordinator, its pool and the load did not use is someone else's.
 """
@@ -100,7 +95,6 @@ import trio
 
 from coordinator.cli import module_command
 from coordinator.client import KafkaClient
-from coordinator.server.scheduling import request_short_slice
 from protocol.errors import ErrorCode, error_name
 from protocol.messages import ConnectGroupDescribeRequest, ConnectGroupHeartbeatRequest
 
@@ -296,8 +290,6 @@ async def _load_process(plan: dict[str, Any], out: Any) -> None:
         out.write(json.dumps(message) + "\n")
         out.flush()
 
-    if plan.get("load_slice") == "short":
-        request_short_slice()  # this thread runs the load's event loop
     recorder = Recorder()
     load = (_RawLoad if plan.get("client") == "raw" else _WorkerLoad)(plan, recorder)
     async with trio.open_nursery() as nursery:
@@ -1262,7 +1254,7 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
                 processes.append(await LoadProcess.start({
                     "host": target.host, "port": target.port, "interval_ms": args.interval_ms,
                     "request_timeout_ms": args.request_timeout_ms, "workers": share,
-                    "load_gc": args.load_gc, "load_slice": args.load_slice,
+                    "load_gc": args.load_gc,
                     "client": args.load_client}))
             for process in processes:
                 await process.receive("started")
@@ -1327,7 +1319,6 @@ def _config(args: argparse.Namespace) -> dict[str, Any]:
         "tasks_per_connector": args.tasks,
         "interval_ms": args.interval_ms,
         "load_gc": args.load_gc,
-        "load_slice": args.load_slice,
         "load_client": args.load_client,
         "duration_s": args.duration,
         "rounds": args.rounds,
@@ -1389,11 +1380,6 @@ def build_parser() -> argparse.ArgumentParser:
                            "full collections then stall a load process for 20-70 ms every "
                            "few seconds, and those stalls count as latency) "
                            "(default %(default)s)")
-    load.add_argument("--load-slice", choices=("short", "default"), default="short",
-                      help="the load processes' CPU slice: short (0.1 ms, as `serve` asks "
-                           "for its event loop, so a load process that wakes for an answer "
-                           "is not kept waiting behind the assignor pool's process) or the "
-                           "kernel's default (default %(default)s)")
     load.add_argument("--duration", type=float, default=10.0,
                       help="seconds per measurement window (default %(default)s)")
     load.add_argument("--rounds", type=int, default=1,

@@ -26,11 +26,9 @@ the runtime then arms ``core.timers_after_load(now)`` and flips ``ready``.
 
 from __future__ import annotations
 
-import functools
 import gc
 import heapq
 import math
-import os
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -65,11 +63,6 @@ from coordinator.core.result import (
 )
 from coordinator.core.validation import check_install, install_unit_count
 from coordinator.metrics import Metrics
-from coordinator.server.scheduling import (
-    courtesy_pauses,
-    make_background,
-    to_background_thread,
-)
 from protocol.errors import ApiError, ErrorCode
 from protocol.messages import (
     ConnectGroupDescribeResponse,
@@ -267,13 +260,12 @@ _pool_runs = 0
 
 
 def run_in_pool(packed: PackedRun) -> CompactResult:
-    """What a pool process runs: the packed run, pausing now and then for the event loop."""
+    """What a pool process runs: the packed run."""
     global _pool_runs
     _pool_runs += 1
-    with courtesy_pauses():
-        if _pool_runs % POOL_COLLECTION_EVERY == 0:
-            gc.collect()
-        return run_packed(packed)
+    if _pool_runs % POOL_COLLECTION_EVERY == 0:
+        gc.collect()
+    return run_packed(packed)
 
 
 async def _pack(packer: SpecPacker, assignor: ServerAssignor, run: AssignorRun,
@@ -286,12 +278,9 @@ async def _pack(packer: SpecPacker, assignor: ServerAssignor, run: AssignorRun,
     raise AssertionError("pack_in_steps ends with the packed run")
 
 
-def init_pool_process(loop_niceness: int) -> bool:
-    """Run in each assignor worker process as it starts (trio-parallel's `init`), with the
-    event loop's niceness: a process inherits the niceness of the thread that started it,
-    which may be a background thread."""
+def init_pool_process() -> bool:
+    """Run in each assignor worker process as it starts (trio-parallel's `init`)."""
     gc.disable()
-    make_background(loop_niceness)
     return True
 
 
@@ -424,7 +413,7 @@ class Runtime:
             self._pool = AssignorPool([
                 await contexts.enter_async_context(
                     trio_parallel.open_worker_context(
-                        init=functools.partial(init_pool_process, os.nice(0))))
+                        init=init_pool_process))
                 for _ in range(self.config.background_threads)])
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
@@ -586,7 +575,7 @@ class Runtime:
         if install_unit_count(request) >= self.install_offload_units:
             # Checking a large assignment takes milliseconds (13-21 ms for 50,000 units):
             # a thread lets the event loop answer heartbeats meanwhile.
-            checked = await to_background_thread(check_install, request)
+            checked = await trio.to_thread.run_sync(check_install, request)
         return await self.complete(
             self.core.install_assignment(request, self.clock.now_ms(), checked))
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import struct
 import subprocess
 import sys
@@ -12,13 +11,11 @@ from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
-import trio
 from crc32c import crc32c
 
 from coordinator.log import LogWriter
 from coordinator.log.files import OsFileLayer
 from coordinator.log.segments import list_segments
-from coordinator.server.scheduling import BACKGROUND_NICENESS, EVENT_LOOP_SLICE_NS
 from coordinator.storage import snapshot_rows
 from coordinator.units import Unit
 from tests.core.context import wire_units
@@ -197,43 +194,3 @@ def test_log_check_and_dump_take_data_dir(tmp_path: Path) -> None:
     assert both.returncode == 2 and "two different data dirs" in both.stderr
 
 
-async def test_serve_asks_for_a_short_cpu_slice_for_its_event_loop(tmp_path: Path) -> None:
-    # The kernel shows each thread's slice in /proc/PID/sched (se.slice, in ns); the main
-    # thread is the event loop's. Without the request it is the kernel's default.
-    server = ServerProcess(tmp_path / "data", tmp_path, SETTINGS)
-    await server.start()
-    try:
-        assert server.process is not None
-        sched = await trio.Path(f"/proc/{server.process.pid}/sched").read_text()
-        line = next(line for line in sched.splitlines() if line.startswith("se.slice"))
-        assert int(line.split(":")[1]) == EVENT_LOOP_SLICE_NS
-    finally:
-        server.kill()
-
-
-def _priority(stat: str) -> tuple[int, int]:
-    # /proc/PID/task/TID/stat: the name is in parentheses and may hold spaces; the fields
-    # after it start at the state (3rd), so niceness (19th) is the 17th after the name and
-    # the policy (41st) the 39th.
-    fields = stat.rpartition(")")[2].split()
-    return int(fields[16]), int(fields[38])
-
-
-async def test_serve_flushes_its_log_in_a_thread_nicer_than_its_event_loop(
-        tmp_path: Path) -> None:
-    # A durable change goes through a flush thread; the main thread is the event loop's.
-    server = ServerProcess(tmp_path / "data", tmp_path, SETTINGS)
-    await server.start()
-    try:
-        assert server.process is not None
-        status, _ = await server.http("PUT", "/groups/g/connectors/source", {"tasks": 2})
-        assert status == 200
-        tasks = trio.Path(f"/proc/{server.process.pid}/task")
-        priority = {int(task.name): _priority(await (task / "stat").read_text())
-                    for task in await tasks.iterdir()}
-        loop_niceness, loop_policy = priority.pop(server.process.pid)
-        assert loop_policy == os.SCHED_OTHER
-        assert loop_niceness == _priority(await trio.Path("/proc/self/stat").read_text())[0]
-        assert (min(19, loop_niceness + BACKGROUND_NICENESS), os.SCHED_BATCH) in priority.values()
-    finally:
-        server.kill()

@@ -60,7 +60,6 @@ def test_json_report_of_a_tiny_run(capsys: pytest.CaptureFixture[str]) -> None:
     assert report["processes"] == 2 and report["workers"] == 6
     assert report["coordinator"] == "subprocess"
     assert report["load_gc"] == "paused"  # the load's collections stay out of the window
-    assert report["load_slice"] == "short"  # the load's wake-ups do not queue behind others
     assert report["machine_cpu"] >= report["server_cpu"]  # the whole machine's, ours included
     assert report["stable_at_end"] is True and report["worker_failures"] == []
     assert "assignor_load" not in report
@@ -137,13 +136,13 @@ def test_in_flight_window_alone_with_the_coordinator_in_process(
     code, report = run_cli([*TINY, "--in-process", "--assignor-load", "--assignor-workers", "10",
                             "--assignor-connectors", "5", "--assignor-tasks", "50",
                             "--assignor-windows", "in-flight", "--load-gc", "on",
-                            "--load-slice", "default", "--in-flight-put-interval-ms", "20"],
+                            "--in-flight-put-interval-ms", "20"],
                            capsys)
     assert code == 0
     check_figures(report)
     assert "assignor_load" not in report and "p99_ratio" not in report
     assert report["baseline_runs"] == 0 and report["in_flight_put_interval_ms"] == 20
-    assert report["load_gc"] == "on" and report["load_slice"] == "default"
+    assert report["load_gc"] == "on"
     check_in_flight(report)
 
 
