@@ -10,10 +10,11 @@ little of either changes (after a one-task resize a run is told in 1.3 kB, packe
   run: the members whose :class:`MemberSpec` is another object, the previous-target entries
   that are other sets, the connectors whose task count changed, and the keys that went.
   The core tells which keys may have changed since the spec before (`SpecChanges`: each
-  mapping is the last one's copy with those replaced), so a resize of a big group's
-  connector is packed without a look at its other members and connectors; without that
-  (or when the packer's last run was not that spec) it compares every entry by identity
-  (the core keeps a member's `MemberSpec` and target set while they do not change);
+  mapping's version, and the version and keys of the one it is a copy of), so a resize of
+  a big group's connector is packed without a look at its other members and connectors;
+  without that (or when the packer's last run was not of that version) it compares every
+  entry by identity (a member's `MemberSpec` and target set are immutable objects the core
+  keeps while they do not change);
 * a worker that does not hold that previous run (it is new, the run went to another
   worker, or it forgot the packer) raises :class:`ResidentMiss`, and the runtime packs the
   run again whole: in steps of about PACK_STEP_UNITS units, each pickled on its own, so the
@@ -95,8 +96,10 @@ class ResidentMiss(Exception):
     """Raised in a worker process that does not hold the run a packed run is told against."""
 
 
-# The spec of a packer's last run: its members, previous target and connectors.
+# The spec of a packer's last run: its members, previous target and connectors, and the
+# versions the core gave them (None: not told).
 _Base = tuple[Mapping[str, MemberSpec], Mapping[str, frozenset[Unit]], Mapping[str, int]]
+_Versions = tuple[int | None, int | None, int | None]
 # A piece of a packed run: members as field tuples, then previous-target entries.
 _Piece = tuple[list[tuple[Any, ...]], list[tuple[str, frozenset[Unit]]]]
 
@@ -108,7 +111,8 @@ class SpecPacker:
     def __init__(self) -> None:
         self.token = os.urandom(8).hex()  # run numbers are this packer's: never mixed up
         self._runs = 0
-        self._base: tuple[int, _Base] | None = None  # the last run packed, by number
+        # The last run packed, by number, with its spec's mappings and their versions.
+        self._base: tuple[int, _Base, _Versions] | None = None
         self._returned: tuple[int, bytes] | None = None  # a run's number and state returned
         self.whole = 0  # runs packed whole (for tests and benchmarks)
 
@@ -149,16 +153,18 @@ class SpecPacker:
             gone_connectors: list[str] = []
         else:
             last_members, last_previous, last_connectors = base[1]
+            members_version, previous_version, connectors_version = base[2]
             changed_members, gone_members = _differences(
-                members, last_members, changes.members)
+                members, last_members, members_version, changes.members)
             changed_previous, gone_previous = _differences(
-                previous, last_previous, changes.previous_target)
+                previous, last_previous, previous_version, changes.previous_target)
             piece: _Piece = ([_member_fields(key, m) for key, m in changed_members.items()],
                              list(changed_previous.items()))
             pieces = [pickle.dumps(piece, PROTOCOL)]
             # (Task counts are compared by value: the same count may be another int.)
             connectors_sent, gone_connectors = _differences(
-                connectors, last_connectors, changes.connectors, by_value=True)
+                connectors, last_connectors, connectors_version, changes.connectors,
+                by_value=True)
         # The assignor's state (50 kB for `balanced` at 1,000 members) mostly is what the
         # worker's last run returned: then it stays there.
         state: bytes | None = spec.previous_state
@@ -169,7 +175,9 @@ class SpecPacker:
             (assignor, spec.group_id, connectors_sent, gone_members, gone_previous,
              gone_connectors, state, spec.now_ms, spec.scheduled_rebalance_max_delay_ms),
             PROTOCOL)
-        self._base = (self._runs, (members, previous, connectors))
+        self._base = (self._runs, (members, previous, connectors),
+                      (_version(changes.members), _version(changes.previous_target),
+                       _version(changes.connectors)))
         return PackedRun(header, tuple(pieces), self.token, self._runs,
                          None if base is None else base[0])
 
@@ -182,15 +190,19 @@ def _member_fields(key: str, member: MemberSpec) -> tuple[Any, ...]:
 _ABSENT = object()
 
 
-def _differences(now: Mapping[str, Any], last: Mapping[str, Any],
+def _version(change: MappingChange | None) -> int | None:
+    return None if change is None else change.version
+
+
+def _differences(now: Mapping[str, Any], last: Mapping[str, Any], last_version: int | None,
                  change: MappingChange | None, by_value: bool = False
                  ) -> tuple[dict[str, Any], list[str]]:
     """The entries of `now` that `last` lacks or holds another object for (another
     value, `by_value`), and the keys of `last` that `now` lacks: from the keys `change`
-    names when it is told against `last`, else by going over both."""
-    if now is last:  # (the core hands the last spec's mapping again while none changed)
-        return {}, []
-    if change is not None and change.base is last:
+    names when it is told against `last` (by version), else by going over both."""
+    if change is not None and last_version is not None and change.base == last_version:
+        if change.version == last_version:  # the very mapping the last run got
+            return {}, []
         keys = sorted(change.keys)  # (a worker adds new keys in this order)
         changed = {key: now[key] for key in keys if key in now
                    and (last.get(key, _ABSENT) != now[key] if by_value

@@ -121,6 +121,37 @@ class ConnectorsLayout:
 
 
 @dataclass(slots=True)
+class SpecCache:
+    """The mappings the group's last server-side spec got, each with a version number, and
+    what replay changed since: the next spec reuses or copies them (a resize of a big
+    group's connector then builds nothing and goes over none of its members) and tells the
+    packer what changed by version (`MappingChange`). A mapping a spec got is never
+    changed in place (a spec in flight holds it); a copy gets a new version. Only a cache:
+    dropped whenever in doubt (`Group.forget_transient_state`), and then rebuilt whole."""
+
+    last_version: int = 0  # the last version handed out
+    # member id -> its MemberSpec, in the members' order, and the members whose metadata
+    # or target part was replayed since (or who left).
+    member_specs: dict[str, Any] = field(default_factory=dict)
+    member_specs_version: int = 0
+    stale_members: set[str] = field(default_factory=set)
+    # member id -> its target part's units (None: build it anew), and the ids whose part
+    # was replayed since.
+    previous_target: dict[str, frozenset[Unit]] | None = None
+    previous_target_version: int = 0
+    changed_targets: set[str] = field(default_factory=set)
+    # The connectors mapping the last spec got (None: none yet), and the names resized
+    # since (None: the connectors were replaced some other way since, so unknown).
+    connectors: dict[str, int] | None = None
+    connectors_version: int = 0
+    resized: set[str] | None = field(default_factory=set)
+
+    def next_version(self) -> int:
+        self.last_version += 1
+        return self.last_version
+
+
+@dataclass(slots=True)
 class Group:
     group_id: str
     epoch: int = 0
@@ -165,21 +196,8 @@ class Group:
     member_epoch_bound: int = 0
     # (metadata_changes, mode, assignor): the assignment mode follows the members' metadata.
     mode_cache: tuple[int, str, str] | None = None
-    # member id -> its MemberSpec, in the members' order, as the last server-side run's
-    # spec got them: the next spec gets the same mapping (a resize of a big group's
-    # connector then builds nothing), or a copy with those of the members in
-    # `stale_specs` (metadata or target part replayed since) built again. Never changed in
-    # place: a spec in flight holds it (a member that leaves drops out of a copy).
-    member_specs: dict[str, Any] = field(default_factory=dict)
-    stale_specs: set[str] = field(default_factory=set)
-    # The same for the previous target (member id -> units), with the ids whose target
-    # part was replayed since the last spec took it (kept only while there is a view).
-    previous_target_view: dict[str, frozenset[Unit]] | None = None
-    changed_targets: set[str] = field(default_factory=set)
-    # The connectors the last spec got, and the names resized since (None: replaced some
-    # other way, so unknown): a run's spec tells the packer what changed without a scan.
-    spec_connectors: dict[str, int] | None = None
-    resized_since_spec: set[str] | None = None
+    # What the next server-side run's spec is built from without going over the group.
+    spec_cache: SpecCache = field(default_factory=lambda: SpecCache())
     chosen_epoch: int = -1
     _units: frozenset[Unit] | None = None
 
@@ -220,12 +238,12 @@ class Group:
         self.mode_cache = None
         self.departed_parts = {member_id: part for member_id, part in self.departed_parts.items()
                                if member_id not in self.members}
-        self.member_specs = {}
-        self.stale_specs = set(self.members)
-        self.previous_target_view = None
-        self.changed_targets = set()
-        self.spec_connectors = None
-        self.resized_since_spec = None
+        # A new cache starts its versions past the old one's: a packer that holds a spec
+        # from before never mistakes a new mapping for one it knows.
+        version = self.spec_cache.last_version + 1
+        self.spec_cache = SpecCache(
+            last_version=version, member_specs_version=version, stale_members=set(self.members),
+            previous_target_version=version, connectors=None, connectors_version=version)
 
     def is_reconciled(self, member: Member) -> bool:
         current = member.current
@@ -304,7 +322,7 @@ class GroupStore:
         if member is None:
             member = group.members[member_id] = Member(member_id)
             self.member_total += 1
-            group.stale_specs.add(member_id)  # (replay may bring a member before its metadata)
+            group.spec_cache.stale_members.add(member_id)  # (may come before its metadata)
             group.refresh_reconciled(member)
         return member
 
@@ -394,7 +412,7 @@ class GroupStore:
         resized, group.resized_connectors = group.resized_connectors, None
         if value is None:
             group.connectors = {}
-            group.connectors_value = group.connectors_layout = group.resized_since_spec = None
+            group.connectors_value = group.connectors_layout = group.spec_cache.resized = None
         else:
             assert isinstance(value, ConnectGroupConnectorsValue)
             if (resized is not None and value is resized.value and resized.resized
@@ -404,11 +422,11 @@ class GroupStore:
                 connectors[name] = tasks
                 group.connectors = connectors
                 group.connectors_layout = resized
-                if group.resized_since_spec is not None:
-                    group.resized_since_spec.add(name)
+                if group.spec_cache.resized is not None:
+                    group.spec_cache.resized.add(name)
             else:
                 group.connectors = {c.name: c.tasks for c in value.connectors}
-                group.connectors_layout = group.resized_since_spec = None
+                group.connectors_layout = group.spec_cache.resized = None
             group.connectors_value = value
         group._units = None
 
@@ -417,9 +435,9 @@ class GroupStore:
         group = self.group(key.group_id)
         group.target_changes += 1
         if key.member_id in group.members:  # (members' specs only: bounded by the group)
-            group.stale_specs.add(key.member_id)
-        if group.previous_target_view is not None:
-            group.changed_targets.add(key.member_id)
+            group.spec_cache.stale_members.add(key.member_id)
+        if group.spec_cache.previous_target is not None:
+            group.spec_cache.changed_targets.add(key.member_id)
         target = group.target
         old = target.get(key.member_id) if value is not None else target.pop(key.member_id, None)
         if old is not None and (old.version or old.metadata):
@@ -471,10 +489,11 @@ class GroupStore:
         group = self.group(key.group_id)
         group.metadata_changes += 1
         if value is None:
-            if key.member_id in group.member_specs:
-                specs = group.member_specs = dict(group.member_specs)
-                del specs[key.member_id]
-            group.stale_specs.discard(key.member_id)
+            cache = group.spec_cache
+            if key.member_id in cache.member_specs:
+                cache.stale_members.add(key.member_id)  # its spec goes from the next copy
+            else:
+                cache.stale_members.discard(key.member_id)  # (bounded by the members)
             member = group.members.pop(key.member_id, None)
             if member is None:
                 return
@@ -487,7 +506,7 @@ class GroupStore:
             return
         assert isinstance(value, ConnectGroupMemberMetadataValue)
         member = self._member(group, key.member_id)
-        group.stale_specs.add(key.member_id)
+        group.spec_cache.stale_members.add(key.member_id)
         old_instance = member.metadata.instance_id if member.metadata else None
         # Positional arguments: a frozen dataclass takes keywords about a third slower, and
         # start-up replays one of these per member.

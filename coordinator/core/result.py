@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any, Generic, NamedTuple, TypeVar
 
@@ -99,10 +99,13 @@ class Event:
 
 
 class MappingChange(NamedTuple):
-    """A spec's mapping told as `base` (the same group's previous spec's, never changed in
-    place) with at most `keys` added, replaced or removed: what changed, without a scan."""
+    """A spec's mapping told against the same group's spec before, by version numbers the
+    core hands out (`SpecCache`): this one is version `version`, made from version `base`
+    with at most `keys` added, replaced or removed (`version == base`: the same mapping).
+    A packer uses `keys` only when `base` is the version it packed last."""
 
-    base: Mapping[str, Any]
+    base: int
+    version: int
     keys: Collection[str]
 
 

@@ -123,9 +123,13 @@ def test_a_run_told_what_changed_is_packed_without_going_over_the_rest() -> None
     connectors = NoScan({**CONNECTORS, "a": 31})
     second_spec = replace(first_spec, members=members, previous_target=previous,
                           connectors=connectors)
-    told = SpecChanges(MappingChange(first_spec.members, ("w0",)),
-                       MappingChange(first_spec.previous_target, ("w0", "w1")),
-                       MappingChange(first_spec.connectors, ("a",)))
+    packer = SpecPacker()
+    first_told = SpecChanges(MappingChange(0, 1, ()), MappingChange(0, 2, ()),
+                             MappingChange(0, 3, ()))
+    run_in_worker(packer, packer.pack(BalancedAssignor(), first_spec, changes=first_told))
+    told = SpecChanges(MappingChange(1, 4, ("w0",)),
+                       MappingChange(2, 5, ("w0", "w1")),
+                       MappingChange(3, 6, ("a",)))
     second = packer.pack(BalancedAssignor(), second_spec, changes=told)
     member_fields, previous_entries = pickle.loads(second.pieces[0])
     assert [fields[0] for fields in member_fields] == ["w0"]
@@ -276,6 +280,8 @@ def spec_sequences(draw: st.DrawFn) -> list[tuple[AssignmentSpec, str, SpecChang
         history.append(spec)
         told = draw(st.sampled_from(["before", "before", "two back", "nothing"]))
         back = 2 if told == "two back" else 1
+        # Each spec's mappings are new dicts (above): version i is spec i's.
+        version = len(history)
         changes = SpecChanges()
         if told != "nothing" and len(history) > back:
             # The keys that differ from that spec's (by identity, as the core keeps them),
@@ -286,7 +292,7 @@ def spec_sequences(draw: st.DrawFn) -> list[tuple[AssignmentSpec, str, SpecChang
             base = history[-1 - back]
             spare = draw(st.sampled_from(["w0", "a", "gone0"]))
             changes = SpecChanges(*(
-                MappingChange(before, tuple({
+                MappingChange(len(history) - back, version, tuple({
                     key for key in now.keys() | before.keys()
                     if key not in now or key not in before or now[key] is not before[key]}
                     | {spare}))

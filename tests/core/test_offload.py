@@ -457,7 +457,10 @@ def test_member_specs_kept_between_runs_are_those_built_from_scratch(
             ctx.last = None
         group = ctx.core.store.groups[G]
         # What the group keeps is bounded by its members, whether or not a run follows.
-        assert group.stale_specs <= group.members.keys() >= group.member_specs.keys()
+        # (A member that left stays in the cache, marked stale, until the next spec.)
+        cache = group.spec_cache
+        assert cache.stale_members <= group.members.keys() | cache.member_specs.keys()
+        assert cache.member_specs.keys() <= group.members.keys() | cache.stale_members
         if number % 3:  # (not at every step: what is kept between specs is what is tested)
             specs, _change = ctx.core._member_specs(group)
             assert as_fields(specs) == specs_from_scratch(ctx.core)
@@ -471,22 +474,40 @@ def test_member_specs_kept_between_runs_are_those_built_from_scratch(
         specs_from_scratch(replayed)
 
 
-def differs_only_at(mapping: Any, change: MappingChange, by_value: bool = False) -> bool:
-    """Is `mapping` the change's base with at most its keys added, replaced or removed?"""
+def differs_only_at(mapping: Any, base: Any, change: MappingChange,
+                    by_value: bool = False) -> bool:
+    """Is `mapping` `base` with at most the change's keys added, replaced or removed?"""
+    if change.version == change.base:
+        return mapping is base
     told = set(change.keys)
-    rest = (mapping.keys() | change.base.keys()) - told
-    return all(key in mapping and key in change.base
-               and (mapping[key] == change.base[key] if by_value
-                    else mapping[key] is change.base[key]) for key in rest)
+    rest = (mapping.keys() | base.keys()) - told
+    return all(key in mapping and key in base
+               and (mapping[key] == base[key] if by_value
+                    else mapping[key] is base[key]) for key in rest)
 
 
-def told_truly(run: Any) -> bool:
+def spec_mappings(run: Any) -> tuple[tuple[str, Any, Any, bool], ...]:
     changes, spec = run.changes, run.spec
-    return all(change is None or differs_only_at(mapping, change, by_value)
-               for mapping, change, by_value in (
-                   (spec.members, changes.members, False),
-                   (spec.previous_target, changes.previous_target, False),
-                   (spec.connectors, changes.connectors, True)))
+    return (("members", spec.members, changes.members, False),
+            ("previous", spec.previous_target, changes.previous_target, False),
+            ("connectors", spec.connectors, changes.connectors, True))
+
+
+def told_truly(run: Any, versions: dict[tuple[str, int], Any], cache: Any) -> bool:
+    """Checks a run's changes against the mappings earlier specs got by version, then
+    notes this spec's mappings under the versions the group's cache gave them."""
+    truly = all(change is None or (
+        (kind, change.base) in versions
+        and differs_only_at(mapping, versions[kind, change.base], change, by_value))
+        for kind, mapping, change, by_value in spec_mappings(run))
+    for kind, mapping, cached, version in (
+            ("members", run.spec.members, cache.member_specs, cache.member_specs_version),
+            ("previous", run.spec.previous_target, cache.previous_target,
+             cache.previous_target_version),
+            ("connectors", run.spec.connectors, cache.connectors, cache.connectors_version)):
+        if cached is mapping:
+            versions[kind, version] = mapping
+    return truly
 
 
 @settings(max_examples=80, deadline=None)
@@ -501,6 +522,7 @@ def test_a_run_tells_truly_what_changed_since_an_earlier_spec(
     object (for connectors, the same task count), whatever happened in between."""
     ctx = offload_context()
     ctx.last = None
+    versions: dict[tuple[str, int], Any] = {}
     for action, member, number in steps:
         group = ctx.core.store.groups[G]
         present = member in group.members
@@ -522,7 +544,7 @@ def test_a_run_tells_truly_what_changed_since_an_earlier_spec(
             del ctx.log[len(ctx.log) - len(ctx.last.records):]
             ctx.last = None
         for run in ctx.last.jobs if ctx.last is not None else ():
-            assert told_truly(run)
+            assert told_truly(run, versions, ctx.core.store.groups[G].spec_cache)
 
 
 def test_a_resize_tells_its_connector_and_the_parts_that_landed_against_the_spec_before(
@@ -542,15 +564,22 @@ def test_a_resize_tells_its_connector_and_the_parts_that_landed_against_the_spec
     assert landed  # (round-robin deals the new task to someone)
     ctx.put_connector(G, "A", 3)
     (second,) = ctx.jobs
-    assert second.changes.connectors == MappingChange(first.spec.connectors, ("A",))
+    assert second.changes.connectors is not None and first.changes.connectors is not None
+    assert second.changes.connectors.base == first.changes.connectors.version
+    assert tuple(second.changes.connectors.keys) == ("A",)
     assert second.changes.previous_target is not None
-    assert second.changes.previous_target.base is first.spec.previous_target
+    assert first.changes.previous_target is not None
+    assert second.changes.previous_target.base == first.changes.previous_target.version
     assert set(second.changes.previous_target.keys) == landed
     # A member's spec carries its target part: those that landed are built again.
     assert second.changes.members is not None
-    assert second.changes.members.base is first.spec.members
+    assert first.changes.members is not None
+    assert second.changes.members.base == first.changes.members.version
     assert set(second.changes.members.keys) == landed
-    assert told_truly(second)
+    versions = {(kind, change.version): mapping
+                for kind, mapping, change, _by_value in spec_mappings(first)
+                if change is not None}
+    assert told_truly(second, versions, ctx.core.store.groups[G].spec_cache)
 
 
 def test_a_connector_change_rolled_back_restores_the_connectors_and_their_record() -> None:
