@@ -13,10 +13,10 @@ import pytest
 import trio
 import trio.testing
 
+from bench.replay import build_log
 from coordinator.assignors import load_assignors
 from coordinator.config import ServerConfig
 from coordinator.core.coordinator import GroupCoordinator
-from coordinator.replay_bench import build_log
 from coordinator.server.memory import collect_periodically
 from coordinator.storage import LogReplayer
 
