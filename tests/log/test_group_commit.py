@@ -206,3 +206,48 @@ async def test_close_writes_what_is_queued_then_refuses_more(tmp_path: Path) -> 
         with pytest.raises(LogWriteFailed, match="closing"):
             await sink.write(change(2))
     assert [e.key for e in read_all(tmp_path)] == keys_of(0, 1)
+
+
+async def test_a_sink_stopped_during_a_flush_fails_the_changes_still_waiting(
+    tmp_path: Path,
+) -> None:
+    """Its run task cancelled (the server's nursery going down) while a flush is in its
+    fsync, with changes queued behind: the flush in progress still reports, and the
+    changes queued behind it fail at once and are reported for rollback, rather than
+    leaving their waiters (shielded, in the runtime) waiting for ever."""
+    layer = FaultyFileLayer()
+    sink = LogSink(LogWriter.open(tmp_path, file_layer=layer), lambda: T0)
+    reported: list[list[Sequence[Record]]] = []
+    sink.on_failure = reported.append
+    outcomes: dict[int, str] = {}
+    entered, release = hold_fsyncs(layer)
+
+    async def writer(index: int) -> None:
+        try:
+            await sink.write(change(index))
+            outcomes[index] = "durable"
+        except LogWriteFailed:
+            outcomes[index] = "failed"
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            flusher = trio.CancelScope()
+
+            async def run_until_cancelled() -> None:
+                with flusher:
+                    await sink.run()
+
+            nursery.start_soon(run_until_cancelled)
+            nursery.start_soon(writer, 0)
+            await wait_for(entered)
+            for index in (1, 2):  # queued in this order
+                nursery.start_soon(writer, index)
+                await trio.testing.wait_all_tasks_blocked()
+            flusher.cancel()
+            release.set()
+    layer.before_fsync = None
+    assert outcomes == {0: "durable", 1: "failed", 2: "failed"}
+    assert reported == [[change(1), change(2)]]
+    assert sink.writer is not None
+    sink.writer.close()
+    assert [e.key for e in read_all(tmp_path)] == keys_of(0)
