@@ -7,6 +7,7 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY coordinator ./coordinator
 COPY protocol ./protocol
+COPY bench ./bench
 # Wheels for the project and every dependency, so the runtime needs no compiler or index.
 RUN pip wheel --no-cache-dir --wheel-dir /wheels .
 

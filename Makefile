@@ -51,8 +51,8 @@ test: install system-deps
 	HYPOTHESIS_PROFILE=ci $(BIN)/python -m pytest -q -p no:cacheprovider
 
 lint: install
-	$(BIN)/ruff check coordinator protocol tests
-	$(BIN)/mypy coordinator protocol
+	$(BIN)/ruff check coordinator protocol bench tests
+	$(BIN)/mypy coordinator protocol bench
 
 # Stable-heartbeat throughput and latency (coordinator subprocess, 2 processes of trio
 # workers), side by side with a 1,000 x 50,000 balanced run in flight (issue 4).

@@ -93,13 +93,13 @@ def build_parser() -> argparse.ArgumentParser:
 FORWARDED = {"log": "coordinator.log.cli", "simulate": "coordinator.workers.simulate",
              "metrics": "coordinator.report.recorder", "report": "coordinator.report.job"}
 BENCHES: dict[str, str] = {
-    "codec": "protocol.bench",
-    "assignor": "coordinator.assignors.bench",
-    "heartbeats": "coordinator.server.bench_heartbeats",
-    "core": "coordinator.core.bench",
-    "log": "coordinator.log.bench",
-    "replay": "coordinator.replay_bench",
-    "install": "coordinator.server.bench_install",
+    "codec": "bench.codec",
+    "assignor": "bench.assignors",
+    "heartbeats": "bench.heartbeats",
+    "core": "bench.core",
+    "log": "bench.log",
+    "replay": "bench.replay",
+    "install": "bench.install",
 }
 
 

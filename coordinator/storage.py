@@ -95,6 +95,7 @@ class LogSink:
                   ) -> None:
         """The flusher: one task writes and fsyncs, so flushes never overlap."""
         task_status.started()
+        batch: list[_QueuedWrite] = []
         try:
             while not (self._closing and not self._queue):
                 if not self._queue:
@@ -103,10 +104,14 @@ class LogSink:
                     continue
                 batch, self._queue = self._queue, []
                 await self._flush(batch)
+                batch = []
         finally:
-            if self._queue:  # stopped with changes still queued: none of them is durable
-                self._fail(self._queue, LogError("the log stopped before this change was written"))
-                self._queue = []
+            # Stopped with changes queued, or cancelled before a flush's thread started
+            # (once started, the thread's outcome is reported): none of them is durable.
+            unwritten = [queued for queued in batch if not queued.done.is_set()] + self._queue
+            self._queue = []
+            if unwritten:
+                self._fail(unwritten, LogError("the log stopped before this change was written"))
             self._stopped.set()
 
     async def _flush(self, batch: list[_QueuedWrite]) -> None:

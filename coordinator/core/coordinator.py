@@ -91,9 +91,13 @@ from coordinator.core.validation import (
 from coordinator.units import Unit
 from protocol.errors import ApiError, ErrorCode
 from protocol.messages import (
+    ConnectGroupDescribeRequest,
     ConnectGroupDescribeResponse,
+    ConnectGroupHeartbeatRequest,
     ConnectGroupHeartbeatResponse,
+    ConnectGroupInstallAssignmentRequest,
     ConnectGroupInstallAssignmentResponse,
+    ConnectGroupPrepareAssignmentRequest,
     ConnectGroupPrepareAssignmentResponse,
 )
 from protocol.messages.connect_group_describe_response import DescribedGroup, DescribedMember
@@ -243,7 +247,8 @@ class GroupCoordinator:
         return member.metadata.rebalance_timeout_ms if member.metadata else 60_000
 
     # ------------------------------------------------------------------ heartbeat
-    def heartbeat(self, request: Any, now_ms: int) -> Result[ConnectGroupHeartbeatResponse]:
+    def heartbeat(self, request: ConnectGroupHeartbeatRequest, now_ms: int
+                  ) -> Result[ConnectGroupHeartbeatResponse]:
         change = _Change(self.store)
         try:
             response = self._heartbeat(request, now_ms, change)
@@ -1109,7 +1114,7 @@ class GroupCoordinator:
         return group, member
 
     def prepare_assignment(
-        self, request: Any, now_ms: int
+        self, request: ConnectGroupPrepareAssignmentRequest, now_ms: int
     ) -> Result[ConnectGroupPrepareAssignmentResponse]:
         change = _Change(self.store)
         try:
@@ -1166,7 +1171,8 @@ class GroupCoordinator:
         return change.result(response)
 
     def install_assignment(
-        self, request: Any, now_ms: int, checked: CheckedInstall | None = None
+        self, request: ConnectGroupInstallAssignmentRequest, now_ms: int,
+        checked: CheckedInstall | None = None,
     ) -> Result[ConnectGroupInstallAssignmentResponse]:
         """`checked`: `check_install(request)`, done beforehand off the event loop for a
         large assignment; the answer is the same with or without it."""
@@ -1313,7 +1319,8 @@ class GroupCoordinator:
         return change.result(None)
 
     # ------------------------------------------------------------------ describe
-    def describe(self, request: Any, now_ms: int) -> ConnectGroupDescribeResponse:
+    def describe(self, request: ConnectGroupDescribeRequest, now_ms: int
+                 ) -> ConnectGroupDescribeResponse:
         groups = []
         for group_id in request.group_ids:
             try:

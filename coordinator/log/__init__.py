@@ -2,8 +2,9 @@
 
 Records are opaque (key bytes, value bytes or None for a tombstone), stored as Kafka
 RecordBatch v2 in segment files named by their base offset. Start-up replays with
-`read_all`; `LogWriter` appends; `GroupCommitLog` shares fsyncs among concurrent trio
-writers; `compact` rewrites closed segments; `check` and `dump` inspect without changing.
+`read_all`; `LogWriter` appends (the server's record sink, `coordinator.storage.LogSink`,
+shares its fsyncs among concurrent changes); `compact` rewrites closed segments; `check` and
+`dump` inspect without changing.
 """
 
 from coordinator.log.batch import LogEntry
@@ -17,7 +18,6 @@ from coordinator.log.errors import (
     LogWriterBrokenError,
 )
 from coordinator.log.files import AppendableFile, FileLayer, OsFileLayer
-from coordinator.log.group_commit import GroupCommitLog, GroupCommitStats
 from coordinator.log.load import (
     CheckReport,
     Damage,
@@ -38,8 +38,6 @@ __all__ = [
     "CompactionReport",
     "Damage",
     "FileLayer",
-    "GroupCommitLog",
-    "GroupCommitStats",
     "LoadResult",
     "LogClosedError",
     "LogCorruptError",

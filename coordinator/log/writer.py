@@ -40,7 +40,7 @@ class LogPosition:
 
 
 class LogWriter:
-    """Not thread-safe: one caller at a time (`GroupCommitLog` sees to that)."""
+    """Not thread-safe: one caller at a time (the record sink's one flusher sees to that)."""
 
     def __init__(
         self,

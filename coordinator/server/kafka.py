@@ -184,7 +184,7 @@ class KafkaServer:
             return error_response(key, version, correlation, code,
                                   "the coordinator is loading its log", group_ids=group_ids), code
         if key == DESCRIBE:
-            response: Any = runtime.core.describe(request.body, runtime.now_ms())
+            response: Any = runtime.describe(request.body)
             return encode_response(key, version, correlation, response), ErrorCode.NONE
         try:
             response = await self._operations[key](request.body)

@@ -6,11 +6,11 @@ import json
 
 import pytest
 
-from coordinator.core import bench
+from bench import core as core_bench
 
 
 def test_stable_heartbeats_write_nothing(capsys: pytest.CaptureFixture[str]) -> None:
-    assert bench.main(["--members", "3,20", "--heartbeats", "200", "--rounds", "2",
+    assert core_bench.main(["--members", "3,20", "--heartbeats", "200", "--rounds", "2",
                        "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert [row["members"] for row in rows] == [3, 20]
@@ -18,7 +18,7 @@ def test_stable_heartbeats_write_nothing(capsys: pytest.CaptureFixture[str]) -> 
 
 
 def test_epoch_bump_moves_every_member_to_the_new_epoch() -> None:
-    row = bench.measure_epoch_bump(members=6, tasks_per_member=5, rounds=3)
+    row = core_bench.measure_epoch_bump(members=6, tasks_per_member=5, rounds=3)
     assert (row["members"], row["tasks_per_member"]) == (6, 5)
     assert row["core_us"] > 0 and row["records_us"] > 0 and row["answer_us"] > 0
     assert row["total_us"] == pytest.approx(row["core_us"] + row["records_us"]
@@ -26,7 +26,7 @@ def test_epoch_bump_moves_every_member_to_the_new_epoch() -> None:
 
 
 def test_epoch_bump_prints_a_line_per_group_size(capsys: pytest.CaptureFixture[str]) -> None:
-    assert bench.main(["--epoch-bump", "--members", "2,4", "--tasks-per-member", "3",
+    assert core_bench.main(["--epoch-bump", "--members", "2,4", "--tasks-per-member", "3",
                        "--rounds", "1"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 2
@@ -36,11 +36,11 @@ def test_epoch_bump_prints_a_line_per_group_size(capsys: pytest.CaptureFixture[s
 
 def test_bad_arguments_are_refused() -> None:
     with pytest.raises(SystemExit):
-        bench.main(["--epoch-bump", "--rounds", "0"])
+        core_bench.main(["--epoch-bump", "--rounds", "0"])
 
 
 def test_a_pool_run_sends_less_to_a_pool_process_that_did_the_last_run() -> None:
-    row = bench.measure_pool_run(members=8, tasks_per_member=40, rounds=2)
+    row = core_bench.measure_pool_run(members=8, tasks_per_member=40, rounds=2)
     assert (row["members"], row["tasks_per_member"]) == (8, 40)
     # A resize changes one member's target: that worker is told little of the group.
     assert row["sent_kb"] < row["sent_cold_kb"] / 4
@@ -49,7 +49,7 @@ def test_a_pool_run_sends_less_to_a_pool_process_that_did_the_last_run() -> None
 
 
 def test_pool_run_prints_a_line_per_group_size(capsys: pytest.CaptureFixture[str]) -> None:
-    assert bench.main(["--pool-run", "--members", "3", "--tasks-per-member", "20",
+    assert core_bench.main(["--pool-run", "--members", "3", "--tasks-per-member", "20",
                        "--rounds", "1"]) == 0
     (line,) = capsys.readouterr().out.splitlines()
     assert line.split()[:4] == ["3", "members", "x", "20"] and "cold" in line
@@ -57,4 +57,4 @@ def test_pool_run_prints_a_line_per_group_size(capsys: pytest.CaptureFixture[str
 
 def test_two_measurements_at_once_are_refused() -> None:
     with pytest.raises(SystemExit):
-        bench.main(["--epoch-bump", "--pool-run"])
+        core_bench.main(["--epoch-bump", "--pool-run"])

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.log import bench
+from bench import log as log_bench
 
 
 def test_bench_main_prints_figures_as_json(
@@ -24,7 +24,7 @@ def test_bench_main_prints_figures_as_json(
         "--data-dir",
         str(tmp_path),
     ]
-    assert bench.main(argv) == 0
+    assert log_bench.main(argv) == 0
     figures = json.loads(capsys.readouterr().out)
     runs = figures["group_commit"]
     assert [run["writers"] for run in runs] == [1, 5]
@@ -37,4 +37,4 @@ def test_bench_main_prints_figures_as_json(
 
 def test_bench_rejects_bad_writer_counts(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
-        bench.main(["--writers", "0"])
+        log_bench.main(["--writers", "0"])

@@ -10,9 +10,13 @@ import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coordinator.log import GroupCommitLog, LogWriteError, LogWriter, compact, read_all
+from coordinator.config import ServerConfig
+from coordinator.core.result import Record
+from coordinator.log import LogWriteError, LogWriter, compact, read_all
 from coordinator.log.faults import FaultyFileLayer, SimulatedCrash
 from coordinator.log.segments import segment_file_name
+from coordinator.storage import LogSink, compact_once, encode_records
+from protocol.messages import ConnectGroupMetadataKey, ConnectGroupMetadataValue
 
 from .helpers import latest_by_key, load_entries, segment_paths, snapshot
 
@@ -154,36 +158,46 @@ def test_only_durable_records_supersede_older_ones(tmp_path: Path) -> None:
 
 
 async def test_compaction_runs_while_writers_append(tmp_path: Path) -> None:
-    log = GroupCommitLog(LogWriter.open(tmp_path, segment_bytes=2048))
-    acknowledged: list[tuple[int, bytes, bytes]] = []
+    """As the server runs it: changes go through the record sink while `compact_once`
+    rewrites closed segments in a worker thread."""
+    sink = LogSink(LogWriter.open(tmp_path, segment_bytes=2048), lambda: T0)
+    config = ServerConfig(log_tombstone_retention_ms=DAY)
+    queued: list[tuple[bytes, bytes | None]] = []  # in the order the sink queued: the log's
     writers_done = trio.Event()
     reports = []
 
     async def writer(number: int) -> None:
         for round_number in range(40):
-            key = b"key-%d" % ((number * 7 + round_number) % 13)
-            value = b"%d-%d-" % (number, round_number) + b"." * 60
-            offset = await log.write([(key, value)], T0)
-            acknowledged.append((offset, key, value))
+            key = ConnectGroupMetadataKey(group_id=f"group-{(number * 7 + round_number) % 13}")
+            value = ConnectGroupMetadataValue(epoch=number * 1000 + round_number)
+            record = Record(key, value)
+            queued.extend(encode_records([record]))
+            await sink.write([record])  # queues before its first checkpoint
 
     async def compactor() -> None:
         while not writers_done.is_set():
-            reports.append(await log.compact(T0, DAY))
+            report = await compact_once(sink, config, T0)
+            assert report is not None
+            reports.append(report)
             await trio.sleep(0.001)
 
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(compactor)
-        async with trio.open_nursery() as writers:
-            for number in range(8):
-                writers.start_soon(writer, number)
-        writers_done.set()
-    reports.append(await log.compact(T0, DAY))
-    await log.close()
+        await nursery.start(sink.run)
+        async with trio.open_nursery() as compacting:  # one compaction at a time, as served
+            compacting.start_soon(compactor)
+            async with trio.open_nursery() as writers:
+                for number in range(8):
+                    writers.start_soon(writer, number)
+            writers_done.set()
+        final = await compact_once(sink, config, T0)
+        assert final is not None
+        reports.append(final)
+        await sink.close()
 
-    expected = {key: value for _, key, value in sorted(acknowledged)}
+    expected = dict(queued)
     assert latest_by_key(load_entries(tmp_path)) == expected
     assert sum(report.segments_rewritten for report in reports) > 0
-    assert len(load_entries(tmp_path)) < len(acknowledged)
+    assert len(load_entries(tmp_path)) < len(queued)
 
 
 keys = st.sampled_from([b"a", b"b", b"c", b"d", b"e", b"f"])

@@ -1,79 +1,54 @@
-"""Group commit: concurrent trio writers share fsyncs; a failed group fails as a whole."""
+"""Group commit in the server's record sink (`LogSink`): changes queued while a flush is in
+progress share the next fsync; a failed flush fails with every change queued behind it, and
+the runtime hears of them all before any waiter wakes."""
 
 from __future__ import annotations
 
 import errno
 import threading
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
 import trio
 import trio.testing
 
-from coordinator.log import GroupCommitLog, LogClosedError, LogWriteError, LogWriter, read_all
+from coordinator.core.result import Record
+from coordinator.log import LogWriter, read_all
 from coordinator.log.faults import Fault, FaultyFileLayer
+from coordinator.storage import LogSink, LogWriteFailed, encode_records
+from protocol.messages import ConnectGroupMemberMetadataKey, ConnectGroupMemberMetadataValue
 
-from .helpers import batch_records, peek_entries, total_segment_bytes
+from .helpers import peek_entries, total_segment_bytes
 
 T0 = 1_700_000_000_000
 
 
-def open_log(tmp_path: Path, layer: FaultyFileLayer, segment_bytes: int = 4096) -> GroupCommitLog:
-    return GroupCommitLog(LogWriter.open(tmp_path, file_layer=layer, segment_bytes=segment_bytes))
+def change(index: int, count: int = 3) -> list[Record]:
+    """Distinct, recognisable records for the change number `index`."""
+    return [Record(ConnectGroupMemberMetadataKey(group_id=f"g-{index}", member_id=f"m-{n}"),
+                   ConnectGroupMemberMetadataValue(worker_url=f"http://w-{index}-{n}:8083",
+                                                   rebalance_timeout_ms=60_000,
+                                                   client_assignors=()))
+            for n in range(count)]
 
 
-async def test_concurrent_writers_share_fsyncs_and_return_only_when_durable(
-    tmp_path: Path,
-) -> None:
-    layer = FaultyFileLayer()
-    log = open_log(tmp_path, layer)
-    writers = 40
-    rounds = 5
-    acknowledged: dict[bytes, int] = {}
-    not_durable_at_return: list[bytes] = []
+def keys_of(*indexes: int) -> list[bytes]:
+    return [key for index in indexes for key, _ in encode_records(change(index))]
 
-    async def writer(number: int) -> None:
-        for round_number in range(rounds):
-            records = batch_records(number * 100 + round_number, count=2)
-            offset = await log.write(records, T0)
-            # Read only what the last fsyncs covered: the batch must be there already.
-            durable = {
-                e.offset: e.key for e in peek_entries(tmp_path, synced_sizes=layer.synced_sizes)
-            }
-            for index, (key, _) in enumerate(records):
-                acknowledged[key] = offset + index
-                if durable.get(offset + index) != key:
-                    not_durable_at_return.append(key)
 
+@asynccontextmanager
+async def running_sink(tmp_path: Path, layer: FaultyFileLayer) -> AsyncIterator[LogSink]:
+    sink = LogSink(LogWriter.open(tmp_path, file_layer=layer, segment_bytes=4096), lambda: T0)
     async with trio.open_nursery() as nursery:
-        for number in range(writers):
-            nursery.start_soon(writer, number)
-    await log.close()
-
-    assert not_durable_at_return == []
-    total_writes = writers * rounds
-    assert log.stats.writes == total_writes
-    assert log.stats.records == 2 * total_writes
-    fsyncs = log.writer_stats.fsyncs
-    assert 0 < fsyncs < total_writes / 4, fsyncs
-    assert log.stats.largest_group > 1
-    assert log.writer_stats.bytes_appended == total_segment_bytes(tmp_path)
-
-    entries = list(read_all(tmp_path))
-    assert [e.offset for e in entries] == list(range(2 * total_writes))
-    assert {e.key: e.offset for e in entries} == acknowledged
+        await nursery.start(sink.run)
+        yield sink
+        await sink.close()
 
 
-async def test_a_single_writer_gets_one_fsync_per_write(tmp_path: Path) -> None:
-    log = open_log(tmp_path, FaultyFileLayer())
-    for index in range(5):
-        assert await log.write(batch_records(index), T0) == 3 * index
-    await log.close()
-    assert log.writer_stats.fsyncs == 5 and log.stats.groups == 5
-
-
-async def hold_fsyncs(layer: FaultyFileLayer) -> tuple[threading.Event, threading.Event]:
-    """Make the next fsync wait for `release`; `entered` is set once it is waiting."""
+def hold_fsyncs(layer: FaultyFileLayer) -> tuple[threading.Event, threading.Event]:
+    """Make the next fsyncs wait for `release`; `entered` is set once one is waiting."""
     entered = threading.Event()
     release = threading.Event()
 
@@ -89,152 +64,190 @@ async def wait_for(event: threading.Event) -> None:
     assert await trio.to_thread.run_sync(event.wait, 10)
 
 
-async def test_failed_fsync_fails_the_whole_group_and_the_log_goes_on(tmp_path: Path) -> None:
+async def test_concurrent_changes_share_fsyncs_and_return_only_when_durable(
+    tmp_path: Path,
+) -> None:
     layer = FaultyFileLayer()
-    log = open_log(tmp_path, layer)
-    await log.write(batch_records(0), T0)
-    entered, release = await hold_fsyncs(layer)
-    outcomes: dict[int, int | LogWriteError] = {}
+    writers, rounds = 40, 5
+    not_durable_at_return: list[bytes] = []
+    async with running_sink(tmp_path, layer) as sink:
 
-    async def writer(number: int) -> None:
+        async def writer(number: int) -> None:
+            for round_number in range(rounds):
+                index = number * 100 + round_number
+                await sink.write(change(index, count=2))
+                # Read only what the last fsyncs covered: the change must be there already.
+                durable = {e.key for e in peek_entries(tmp_path,
+                                                       synced_sizes=layer.synced_sizes)}
+                not_durable_at_return.extend(
+                    key for key, _ in encode_records(change(index, count=2))
+                    if key not in durable)
+
+        async with trio.open_nursery() as nursery:
+            for number in range(writers):
+                nursery.start_soon(writer, number)
+    assert sink.writer is not None
+    stats = sink.writer.stats
+
+    assert not_durable_at_return == []
+    changes = writers * rounds
+    assert stats.appends == changes and stats.records == 2 * changes  # one batch per change
+    # One fsync per flush, and one per rolled segment.
+    assert 0 < sink.flushes <= stats.fsyncs < changes / 4, (sink.flushes, stats.fsyncs)
+    assert stats.bytes_appended == total_segment_bytes(tmp_path)
+    entries = list(read_all(tmp_path))
+    assert [e.offset for e in entries] == list(range(2 * changes))
+    assert len({e.key for e in entries}) == 2 * changes
+
+
+async def test_a_single_writer_gets_one_fsync_per_change(tmp_path: Path) -> None:
+    async with running_sink(tmp_path, FaultyFileLayer()) as sink:
+        for index in range(5):
+            await sink.write(change(index))
+    assert sink.writer is not None
+    assert sink.writer.stats.fsyncs == sink.flushes == 5
+    assert [e.key for e in read_all(tmp_path)] == keys_of(0, 1, 2, 3, 4)
+
+
+@pytest.mark.parametrize("held_flush_fails", [False, True], ids=["next-flush", "held-flush"])
+async def test_a_failed_fsync_fails_its_flush_and_every_change_queued_behind_it(
+    tmp_path: Path, held_flush_fails: bool
+) -> None:
+    layer = FaultyFileLayer()
+    outcomes: dict[int, str] = {}
+    reported: list[tuple[list[Sequence[Record]], dict[int, str]]] = []
+    async with running_sink(tmp_path, layer) as sink:
+        sink.on_failure = lambda failed: reported.append((failed, dict(outcomes)))
+        await sink.write(change(0))
+        entered, release = hold_fsyncs(layer)
+
+        async def writer(index: int) -> None:
+            try:
+                await sink.write(change(index))
+                outcomes[index] = "durable"
+            except LogWriteFailed:
+                outcomes[index] = "failed"
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(writer, 1)  # a flush of one, held in its fsync
+            await wait_for(entered)
+            for index in range(2, 12):  # queued behind it: the next flush
+                nursery.start_soon(writer, index)
+            await trio.testing.wait_all_tasks_blocked()
+            layer.fail_next("fsync", Fault(error=errno.ENOSPC), after=0 if held_flush_fails else 1)
+            release.set()
+        layer.before_fsync = None
+
+        first_failed = 1 if held_flush_fails else 2
+        assert outcomes == {index: "durable" if index < first_failed else "failed"
+                            for index in range(1, 12)}
+        # Told once, with every failed change, while none of their waiters had woken.
+        assert len(reported) == 1
+        failed, seen_by_then = reported[0]
+        assert sorted(failed, key=lambda records: records[0].key.group_id) == sorted(
+            (change(index) for index in range(first_failed, 12)),
+            key=lambda records: records[0].key.group_id)
+        assert all(index < first_failed for index in seen_by_then)
+        assert sink.failed_flushes == 1
+
+        await sink.write(change(20))  # the log goes on
+    assert [e.key for e in read_all(tmp_path)] == keys_of(*range(first_failed), 20)
+
+
+async def test_a_failed_append_rolls_back_the_changes_before_it_in_the_flush(
+    tmp_path: Path,
+) -> None:
+    layer = FaultyFileLayer()
+    failed: list[int] = []
+    async with running_sink(tmp_path, layer) as sink:
+        entered, release = hold_fsyncs(layer)
+
+        async def writer(index: int) -> None:
+            try:
+                await sink.write(change(index))
+            except LogWriteFailed:
+                failed.append(index)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(writer, 0)
+            await wait_for(entered)
+            for index in range(1, 6):
+                nursery.start_soon(writer, index)
+            await trio.testing.wait_all_tasks_blocked()
+            # The second flush holds five changes: the third one's append fails.
+            layer.fail_next("write", Fault(error=errno.ENOSPC), after=2)
+            release.set()
+        layer.before_fsync = None
+        assert sorted(failed) == [1, 2, 3, 4, 5]
+        assert sink.writer is not None and sink.writer.next_offset == 3
+    assert [e.key for e in read_all(tmp_path)] == keys_of(0)
+
+
+async def test_close_writes_what_is_queued_then_refuses_more(tmp_path: Path) -> None:
+    layer = FaultyFileLayer()
+    durable: list[int] = []
+    async with running_sink(tmp_path, layer) as sink:
+        entered, release = hold_fsyncs(layer)
+
+        async def writer(index: int) -> None:
+            await sink.write(change(index))
+            durable.append(index)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(writer, 0)
+            await wait_for(entered)
+            nursery.start_soon(writer, 1)
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.start_soon(sink.close)
+            await trio.testing.wait_all_tasks_blocked()
+            release.set()
+        layer.before_fsync = None
+        assert sorted(durable) == [0, 1]
+        with pytest.raises(LogWriteFailed, match="closing"):
+            await sink.write(change(2))
+    assert [e.key for e in read_all(tmp_path)] == keys_of(0, 1)
+
+
+async def test_a_sink_stopped_during_a_flush_fails_the_changes_still_waiting(
+    tmp_path: Path,
+) -> None:
+    """Its run task cancelled (the server's nursery going down) while a flush is in its
+    fsync, with changes queued behind: the flush in progress still reports, and the
+    changes queued behind it fail at once and are reported for rollback, rather than
+    leaving their waiters (shielded, in the runtime) waiting for ever."""
+    layer = FaultyFileLayer()
+    sink = LogSink(LogWriter.open(tmp_path, file_layer=layer), lambda: T0)
+    reported: list[list[Sequence[Record]]] = []
+    sink.on_failure = reported.append
+    outcomes: dict[int, str] = {}
+    entered, release = hold_fsyncs(layer)
+
+    async def writer(index: int) -> None:
         try:
-            outcomes[number] = await log.write(batch_records(number), T0)
-        except LogWriteError as error:
-            outcomes[number] = error
+            await sink.write(change(index))
+            outcomes[index] = "durable"
+        except LogWriteFailed:
+            outcomes[index] = "failed"
 
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(writer, 1)  # leads a group of one, held in its fsync
-        await wait_for(entered)
-        for number in range(2, 12):  # queue behind it: the next group
-            nursery.start_soon(writer, number)
-        await trio.testing.wait_all_tasks_blocked()
-        layer.fail_next("fsync", Fault(), after=1)  # group 1's fsync passes, group 2's fails
-        release.set()
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            flusher = trio.CancelScope()
 
+            async def run_until_cancelled() -> None:
+                with flusher:
+                    await sink.run()
+
+            nursery.start_soon(run_until_cancelled)
+            nursery.start_soon(writer, 0)
+            await wait_for(entered)
+            for index in (1, 2):  # queued in this order
+                nursery.start_soon(writer, index)
+                await trio.testing.wait_all_tasks_blocked()
+            flusher.cancel()
+            release.set()
     layer.before_fsync = None
-    assert isinstance(outcomes[1], int)
-    failed = sorted(n for n, outcome in outcomes.items() if isinstance(outcome, LogWriteError))
-    assert failed == list(range(2, 12))
-    error = outcomes[2]
-    assert isinstance(error, LogWriteError)
-    assert error.rolled_back_to_offset == 6
-    assert isinstance(error.__cause__, LogWriteError)
-    assert log.stats.failed_groups == 1 and log.stats.failed_writes == 10
-
-    assert await log.write(batch_records(20), T0) == 6
-    await log.close()
-    keys = [e.key for e in read_all(tmp_path)]
-    expected = [k for n in (0, 1, 20) for k, _ in batch_records(n)]
-    assert keys == expected
-
-
-async def test_failed_write_in_a_group_rolls_back_the_batches_before_it(tmp_path: Path) -> None:
-    layer = FaultyFileLayer()
-    log = open_log(tmp_path, layer)
-    entered, release = await hold_fsyncs(layer)
-    errors: list[int] = []
-
-    async def writer(number: int) -> None:
-        try:
-            await log.write(batch_records(number), T0)
-        except LogWriteError:
-            errors.append(number)
-
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(writer, 0)
-        await wait_for(entered)
-        for number in range(1, 6):
-            nursery.start_soon(writer, number)
-        await trio.testing.wait_all_tasks_blocked()
-        # The second group holds five batches: the third one's write fails.
-        layer.fail_next("write", Fault(error=errno.ENOSPC), after=2)
-        release.set()
-
-    layer.before_fsync = None
-    assert sorted(errors) == [1, 2, 3, 4, 5]
-    assert log.writer.next_offset == 3
-    await log.close()
-    assert [e.key for e in read_all(tmp_path)] == [k for k, _ in batch_records(0)]
-
-
-async def test_cancelled_while_queued_means_not_written(tmp_path: Path) -> None:
-    layer = FaultyFileLayer()
-    log = open_log(tmp_path, layer)
-    entered, release = await hold_fsyncs(layer)
-    cancelled = False
-
-    async def queued_writer(scope_ready: trio.Event, holder: list[trio.CancelScope]) -> None:
-        nonlocal cancelled
-        with trio.CancelScope() as scope:
-            holder.append(scope)
-            scope_ready.set()
-            await log.write(batch_records(1), T0)
-        cancelled = scope.cancelled_caught
-
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(log.write, batch_records(0), T0)
-        await wait_for(entered)
-        ready = trio.Event()
-        scopes: list[trio.CancelScope] = []
-        nursery.start_soon(queued_writer, ready, scopes)
-        await ready.wait()
-        await trio.testing.wait_all_tasks_blocked()
-        scopes[0].cancel()
-        await trio.testing.wait_all_tasks_blocked()
-        release.set()
-
-    layer.before_fsync = None
-    assert cancelled
-    await log.close()
-    assert [e.key for e in read_all(tmp_path)] == [k for k, _ in batch_records(0)]
-
-
-async def test_cancelled_while_in_flight_still_reports_the_outcome(tmp_path: Path) -> None:
-    layer = FaultyFileLayer()
-    log = open_log(tmp_path, layer)
-    entered, release = await hold_fsyncs(layer)
-    results: list[int] = []
-
-    async def in_flight_writer(holder: list[trio.CancelScope]) -> None:
-        with trio.CancelScope() as scope:
-            holder.append(scope)
-            results.append(await log.write(batch_records(0), T0))
-            await trio.lowlevel.checkpoint()  # the pending cancellation lands here
-
-    async with trio.open_nursery() as nursery:
-        scopes: list[trio.CancelScope] = []
-        nursery.start_soon(in_flight_writer, scopes)
-        await wait_for(entered)  # its batch is appended and its fsync is held
-        scopes[0].cancel()
-        await trio.testing.wait_all_tasks_blocked()
-        release.set()
-
-    layer.before_fsync = None
-    assert results == [0]
-    await log.close()
-    assert len(list(read_all(tmp_path))) == 3
-
-
-async def test_close_waits_for_writes_in_flight_then_refuses_more(tmp_path: Path) -> None:
-    layer = FaultyFileLayer()
-    log = open_log(tmp_path, layer)
-    entered, release = await hold_fsyncs(layer)
-    offsets: list[int] = []
-
-    async def writer(number: int) -> None:
-        offsets.append(await log.write(batch_records(number), T0))
-
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(writer, 0)
-        await wait_for(entered)
-        nursery.start_soon(writer, 1)
-        await trio.testing.wait_all_tasks_blocked()
-        nursery.start_soon(log.close)
-        await trio.testing.wait_all_tasks_blocked()
-        release.set()
-
-    layer.before_fsync = None
-    assert sorted(offsets) == [0, 3]
-    with pytest.raises(LogClosedError):
-        await log.write(batch_records(2), T0)
-    assert len(list(read_all(tmp_path))) == 6
+    assert outcomes == {0: "durable", 1: "failed", 2: "failed"}
+    assert reported == [[change(1), change(2)]]
+    assert sink.writer is not None
+    sink.writer.close()
+    assert [e.key for e in read_all(tmp_path)] == keys_of(0)

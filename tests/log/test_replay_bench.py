@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from coordinator.replay_bench import main
+from bench.replay import main
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, object]:

@@ -6,12 +6,12 @@ import json
 
 import pytest
 
-from protocol import bench
+from bench import codec as codec_bench
 from protocol.errors import ApiError, ErrorCode
 
 
 def test_bench_json(capsys: pytest.CaptureFixture[str]) -> None:
-    assert bench.main(["--iterations", "1", "--rounds", "1", "--json"]) == 0
+    assert codec_bench.main(["--iterations", "1", "--rounds", "1", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     rows = report["results"]
     assert len(rows) == 8
@@ -19,7 +19,7 @@ def test_bench_json(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_bench_table(capsys: pytest.CaptureFixture[str]) -> None:
-    assert bench.main(["--iterations", "1", "--rounds", "1"]) == 0
+    assert codec_bench.main(["--iterations", "1", "--rounds", "1"]) == 0
     assert "ConnectGroupDescribeResponse (100 members)" in capsys.readouterr().out
 
 

@@ -18,9 +18,7 @@ import pytest
 import structlog
 import trio
 
-from coordinator import cli
-from coordinator.server.app import ServerHandle
-from coordinator.server.bench_heartbeats import (
+from bench.heartbeats import (
     AdminConnection,
     BenchError,
     ServerLog,
@@ -29,6 +27,8 @@ from coordinator.server.bench_heartbeats import (
     split_by_runs,
     summarize,
 )
+from coordinator import cli
+from coordinator.server.app import ServerHandle
 from coordinator.workers.state import WorkerConfig, WorkerState
 from protocol.messages import ConnectGroupHeartbeatResponse
 

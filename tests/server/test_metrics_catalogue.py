@@ -346,7 +346,7 @@ async def test_unassigned_units_follow_every_change_between_scrapes(
 def test_a_scrape_does_not_count_an_unchanged_group_s_units_again() -> None:
     # Counting builds the union of every target part: a scrape of a STABLE group of 1,000
     # members and 50,000 tasks took 14.5 ms of the event loop with it, 3.0 without.
-    from coordinator.core.bench import stable_group
+    from bench.core import stable_group
     from coordinator.metrics import Metrics
 
     core, now = stable_group(20, 5)

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import trio
 
+from bench.replay import build_log
 from coordinator.assignors import load_assignors
 from coordinator.config import ServerConfig
 from coordinator.core.coordinator import GroupCoordinator
-from coordinator.replay_bench import build_log
 from coordinator.storage import LogReplayer
 
 

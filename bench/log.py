@@ -2,11 +2,12 @@
 
     connect-coordinator bench log --writers 1,10,100 --records 20000 --load-records 1000000
 
-Group commit: W trio tasks each write batches of `records_per_write` records (about 150
-bytes each: a 30-byte key, a 120-byte value) until `records` are written in all; every
-write returns only after its fsync. Load: a log of `load_records` records (10 per batch,
-as a busy coordinator writes them) is read back with `read_all`, bare and with a replay
-into a dict standing in for the state machine.
+Group commit: W trio tasks each write batches of `records_per_write` member metadata
+records (about 150 bytes each: a 30-byte key, a 120-byte value) through the server's record
+sink (`LogSink`) until `records` are written in all; every write returns only after its
+fsync, and changes queued during a flush share the next one. Load: a log of `load_records`
+records (10 per batch, as a busy coordinator writes them) is read back with `read_all`, bare
+and with a replay into a dict standing in for the state machine.
 """
 
 from __future__ import annotations
@@ -23,9 +24,11 @@ from typing import Any
 
 import trio
 
-from coordinator.log.group_commit import GroupCommitLog
+from coordinator.core.result import Record
 from coordinator.log.load import read_all
 from coordinator.log.writer import LogWriter
+from coordinator.storage import LogSink
+from protocol.messages import ConnectGroupMemberMetadataKey, ConnectGroupMemberMetadataValue
 
 NOW_MS = 1_700_000_000_000
 KEY_BYTES = 30
@@ -38,6 +41,16 @@ def _record(number: int) -> tuple[bytes, bytes]:
     return key, value
 
 
+def _member_record(number: int) -> Record:
+    """A member metadata record of about KEY_BYTES + VALUE_BYTES once encoded."""
+    key = ConnectGroupMemberMetadataKey(group_id=f"group-{number % 97:04d}",
+                                        member_id=f"m-{number:012d}")
+    url = f"http://worker-{number}.connect.example:8083/".ljust(VALUE_BYTES - 19, "x")
+    value = ConnectGroupMemberMetadataValue(worker_url=url, rebalance_timeout_ms=60_000,
+                                            server_assignor="balanced", client_assignors=())
+    return Record(key, value)
+
+
 def bench_group_commit(
     data_dir: Path, writers: int, records: int, records_per_write: int = 4
 ) -> dict[str, Any]:
@@ -45,42 +58,50 @@ def bench_group_commit(
         raise ValueError("need writers, records and records_per_write >= 1")
     writes_per_writer = max(1, records // (writers * records_per_write))
     latencies: list[float] = []
+    written = 0
 
-    async def run() -> tuple[float, GroupCommitLog]:
-        log = GroupCommitLog(LogWriter.open(data_dir))
+    async def run() -> tuple[float, LogSink]:
+        nonlocal written
+        sink = LogSink(LogWriter.open(data_dir), lambda: NOW_MS)
 
         async def writer(number: int) -> None:
+            nonlocal written
             for index in range(writes_per_writer):
                 first = (number * writes_per_writer + index) * records_per_write
-                batch = [_record(first + n) for n in range(records_per_write)]
+                batch = [_member_record(first + n) for n in range(records_per_write)]
                 started = time.perf_counter()
-                await log.write(batch, NOW_MS)
+                await sink.write(batch)
                 latencies.append(time.perf_counter() - started)
+                written += len(batch)
 
-        started = time.perf_counter()
         async with trio.open_nursery() as nursery:
-            for number in range(writers):
-                nursery.start_soon(writer, number)
-        elapsed = time.perf_counter() - started
-        await log.close()
-        return elapsed, log
+            await nursery.start(sink.run)
+            started = time.perf_counter()
+            async with trio.open_nursery() as writing:
+                for number in range(writers):
+                    writing.start_soon(writer, number)
+            elapsed = time.perf_counter() - started
+            await sink.close()
+        return elapsed, sink
 
-    elapsed, log = trio.run(run)
-    fsyncs = log.writer_stats.fsyncs
-    written = log.stats.records
+    elapsed, sink = trio.run(run)
+    assert sink.writer is not None
+    stats = sink.writer.stats
+    fsyncs = stats.fsyncs
+    writes = len(latencies)
     latencies.sort()
     return {
         "writers": writers,
         "records": written,
-        "writes": log.stats.writes,
+        "writes": writes,
         "records_per_write": records_per_write,
         "seconds": round(elapsed, 3),
         "records_per_s": round(written / elapsed),
-        "writes_per_s": round(log.stats.writes / elapsed),
+        "writes_per_s": round(writes / elapsed),
         "fsyncs": fsyncs,
         "fsyncs_per_s": round(fsyncs / elapsed, 1),
-        "writes_per_fsync": round(log.stats.writes / fsyncs, 2) if fsyncs else None,
-        "bytes": log.writer_stats.bytes_appended,
+        "writes_per_fsync": round(writes / fsyncs, 2) if fsyncs else None,
+        "bytes": stats.bytes_appended,
         "latency_p50_ms": round(statistics.median(latencies) * 1000, 3),
         "latency_p99_ms": round(latencies[int(len(latencies) * 0.99) - 1] * 1000, 3)
         if len(latencies) >= 100

@@ -1,6 +1,6 @@
 """Codec micro-benchmark: encode and decode time of every Connect message body.
 
-Called by ``connect-coordinator bench codec``; also ``python -m protocol.bench``.
+Called by ``connect-coordinator bench codec``; also ``python -m bench.codec``.
 Each figure is the median over ``--rounds`` rounds of the mean time per operation over
 ``--iterations`` operations, in microseconds.
 """

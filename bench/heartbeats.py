@@ -164,7 +164,7 @@ async def heartbeat_member(client: KafkaClient, group: str, member: str, *,
 
 # ============================================================================ load process
 #
-# Started as `python -m coordinator.server.bench_heartbeats --load-process`. It reads JSON
+# Started as `python -m bench.heartbeats --load-process`. It reads JSON
 # lines on stdin and answers with JSON lines on stdout:
 #   in:  {"host", "port", "interval_ms", "request_timeout_ms", "workers": [[group, id]...]}
 #   out: {"event": "started"}
@@ -431,7 +431,7 @@ class LoadProcess:
     @classmethod
     async def start(cls, plan: dict[str, Any]) -> LoadProcess:
         process = await trio.lowlevel.open_process(
-            module_command("coordinator.server.bench_heartbeats", LOAD_PROCESS_FLAG),
+            module_command("bench.heartbeats", LOAD_PROCESS_FLAG),
             stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         self = cls(process)
         await self.send(plan)
