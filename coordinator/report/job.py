@@ -172,8 +172,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         from pyspark.sql import SparkSession
     except ImportError:
-        print("connect-coordinator report: error: pyspark is not installed "
-              "(pip install pyspark pyarrow matplotlib)", file=sys.stderr)
+        print("connect-coordinator report: error: pyspark is not installed: "
+              "pip install 'connect-coordinator[report]'", file=sys.stderr)
         return 2
     from coordinator.report.aggregate import InputError
 
