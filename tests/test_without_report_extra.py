@@ -8,6 +8,7 @@ not installed."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -109,3 +110,16 @@ def test_report_without_the_extra_says_what_to_install(tmp_path: Path) -> None:
         assert len(lines) == 1, (args, result.stderr)
         assert "pip install 'connect-coordinator[report]'" in lines[0], lines[0]
         assert "is not installed" in lines[0]
+
+
+def test_report_without_java_says_to_install_it(tmp_path: Path) -> None:
+    (tmp_path / "metrics").mkdir()
+    result = subprocess.run(
+        [sys.executable, "-m", "coordinator.cli", "report", "--metrics",
+         str(tmp_path / "metrics"), "--out", str(tmp_path / "out")],
+        cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
+        env={**os.environ, "JAVA_HOME": str(tmp_path / "no-java")})
+    assert result.returncode == 2
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "needs Java 17" in lines[0] and "JAVA_HOME" in lines[0]

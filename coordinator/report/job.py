@@ -210,15 +210,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     spark = SparkSession.getActiveSession()
     owned = spark is None
     if spark is None:
+        problem = java_problem()
+        if problem is not None:
+            print(f"connect-coordinator report: error: {problem}", file=sys.stderr)
+            return 2
         print(f"[report] starting Spark ({options.master})", file=sys.stderr, flush=True)
-        spark = (
-            SparkSession.builder.master(options.master)
-            .appName("connect-coordinator-report")
-            .config("spark.ui.showConsoleProgress", "true")
-            .config("spark.sql.shuffle.partitions", "8")
-            .config("spark.sql.session.timeZone", "UTC")
-            .getOrCreate()
-        )
+        try:
+            spark = (
+                SparkSession.builder.master(options.master)
+                .appName("connect-coordinator-report")
+                .config("spark.ui.showConsoleProgress", "true")
+                .config("spark.sql.shuffle.partitions", "8")
+                .config("spark.sql.session.timeZone", "UTC")
+                .getOrCreate()
+            )
+        except Exception as error:  # pyspark's start-up errors share no base class
+            if "JAVA_GATEWAY" not in str(error) and "Java gateway" not in str(error):
+                raise
+            print(f"connect-coordinator report: error: {JAVA_NEEDED} (Spark: {error})",
+                  file=sys.stderr)
+            return 2
         spark.sparkContext.setLogLevel("WARN")
     try:
         run_report(spark, options)
@@ -230,6 +241,26 @@ def main(argv: Sequence[str] | None = None) -> int:
             spark.stop()
     print(f"[report] written to {options.out / 'index.html'}", file=sys.stderr)
     return 0
+
+
+JAVA_NEEDED = ("report needs Java 17 to run Spark, and Spark could not start it: install "
+               "one (e.g. sudo apt-get install -y openjdk-17-jre-headless) or set JAVA_HOME")
+
+
+def java_problem() -> str | None:
+    """Why Spark cannot start Java here, before it tries (it would print a page of noise)."""
+    import os
+    import shutil
+
+    home = os.environ.get("JAVA_HOME")
+    if home:
+        java = Path(home) / "bin" / "java"
+        if not os.access(java, os.X_OK):
+            return f"{JAVA_NEEDED} (JAVA_HOME={home} has no bin/java)"
+        return None
+    if shutil.which("java") is None:
+        return f"{JAVA_NEEDED} (no java on PATH)"
+    return None
 
 
 def load_simulation(path: Path | None) -> dict[str, Any] | None:
