@@ -1,4 +1,4 @@
-"""The admin HTTP API (CONTRACT §6), a Starlette app served by hypercorn on trio.
+"""The admin HTTP API (README, "Admin HTTP API"), a Starlette app served by hypercorn on trio.
 
 Mutations go through the runtime like KRPC requests: core call, timers, log lines, then
 the records are made durable before the answer. Bad input gets a 4xx with a JSON body

@@ -9,8 +9,8 @@ tens of milliseconds; a heartbeat arriving on the CPU it holds waited for the re
 slice. With a 0.1 ms slice requested for the event loop (`sched_setattr`, `sched_runtime`
 of a normal task, which any user may set), a waking event loop may preempt the pool at
 once. A short slice also ends sooner while the loop is busy, so whether it helps on the
-whole is not settled by measurement yet (BENCHMARKS.md, issue 4's sections). Older kernels
-ignore the request.
+whole is not settled by measurement yet (BENCHMARKS.md, the in-flight heartbeat
+benchmark). Older kernels ignore the request.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The README's "See it work", end to end: a coordinator subprocess, a chaos run of the
+"""The README's "Report on a run", end to end: a coordinator subprocess, a chaos run of the
 simulator with the metrics recorder beside it (docs/simulate-and-record.sh), the capacity
 report from what they recorded, and the page opened in headless Chromium.
 
