@@ -60,8 +60,8 @@ def test_server_modules_import_without_the_report_packages() -> None:
     assert json.loads(result.stdout) == []
 
 
-def test_serve_and_describe_run_without_the_report_packages(tmp_path: Path) -> None:
-    # serve: up, ready, a describe against it, then a graceful stop (SIGTERM)
+def test_serve_describe_and_simulate_run_without_the_report_packages(tmp_path: Path) -> None:
+    # serve: up, ready, a describe and a short simulation against it, then a graceful stop
     code = """
 import json, signal, subprocess, sys
 serve = subprocess.Popen([sys.executable, "-c", sys.argv[1]], stderr=subprocess.PIPE, text=True)
@@ -71,9 +71,13 @@ for line in serve.stderr:
         break
 described = subprocess.run([sys.executable, "-c", sys.argv[2]], capture_output=True,
                            text=True, timeout=60)
+simulated = subprocess.run([sys.executable, "-c", sys.argv[3]], capture_output=True,
+                           text=True, timeout=120)
 serve.send_signal(signal.SIGTERM)
 print(json.dumps({"describe": described.returncode, "stdout": described.stdout,
-                  "stderr": described.stderr, "serve": serve.wait(timeout=60)}))
+                  "stderr": described.stderr, "simulate": simulated.returncode,
+                  "simulate_stderr": simulated.stderr[-2000:],
+                  "serve": serve.wait(timeout=60)}))
 """
     # the port of the ready line is known only in the parent, so serve picks fixed ones
     from tests.integration.helpers import free_port
@@ -84,12 +88,17 @@ print(json.dumps({"describe": described.returncode, "stdout": described.stdout,
                           "--data-dir", str(tmp_path / "data"), "--log-format", "json")
     describe = BLOCKER + cli("describe", "--bootstrap", f"127.0.0.1:{kafka}",
                              "--admin", f"http://127.0.0.1:{admin}", "--json")
-    result = subprocess.run([sys.executable, "-c", code, serve, describe], cwd=ROOT,
+    simulate = BLOCKER + cli("simulate", "--bootstrap", f"127.0.0.1:{kafka}",
+                             "--admin", f"http://127.0.0.1:{admin}", "--group", "blocked",
+                             "--workers", "2", "--connectors", "1",
+                             "--tasks-per-connector", "1", "--duration", "1", "--quiet")
+    result = subprocess.run([sys.executable, "-c", code, serve, describe, simulate], cwd=ROOT,
                             capture_output=True, text=True, timeout=180, check=False)
     assert result.returncode == 0, result.stderr
     outcome = json.loads(result.stdout)
     assert outcome["describe"] == 0, outcome["stderr"]
     assert json.loads(outcome["stdout"]) == []  # no groups yet
+    assert outcome["simulate"] == 0, outcome["simulate_stderr"]
     assert outcome["serve"] == 0
 
 

@@ -3,8 +3,10 @@
 A capacity figure scales what a *steady* run measured (see ``figures.project_capacity``).
 A run that was short, or disturbed by rebalances (chaos, rejoining workers), measured
 something else: its heartbeat latency is set by the few heartbeats that changed the group
-and waited for the log. So the headline gives a capacity figure only for a steady run long
-enough to measure, says why not otherwise, and never states a maximum below what ran.
+and waited for the log. So the headline gives a capacity figure only for a run with a
+steady part long enough to measure (time in which no group rebalanced; the job scales from
+that part's latency), none for a run the simulator disrupted, says why not otherwise, and
+never states a maximum below what ran.
 
 Pure Python, no Spark: the job hands over a few totals.
 """
@@ -33,7 +35,7 @@ class RunFacts:
 
     window_seconds: float
     scrapes: int
-    members_max: float | None
+    members_max: float | None  # the workers that ran (of the reported group, if one)
     heartbeats_per_second: float | None
     heartbeat_p99_ms: float | None
     rebalances_by_trigger: Mapping[str, float] = field(default_factory=dict)
@@ -43,6 +45,8 @@ class RunFacts:
     # The part of the recording in which no group was rebalancing (None: not known, take
     # the whole recording); heartbeat_p99_ms is then the one measured in that part.
     steady_seconds: float | None = None
+    # Members of every group at most: what the joins counted by trigger are compared with.
+    all_members_max: float | None = None
 
 
 @dataclass(frozen=True)
@@ -65,18 +69,21 @@ def _workers(members: float) -> str:
     return f"{_count(members)} worker{'' if members == 1 else 's'}"
 
 
-def disturbances(facts: RunFacts) -> list[str]:
-    """Why the run is not a steady one, each reason one short sentence (none: steady)."""
+def disruptions(facts: RunFacts) -> list[str]:
+    """The simulator's disruptions, as one reason (none: it disrupted nothing)."""
+    applied = (facts.simulation or {}).get("disruptions") or []
+    if not applied:
+        return []
+    kinds: dict[str, int] = {}
+    for disruption in applied:
+        kinds[str(disruption.get("kind"))] = kinds.get(str(disruption.get("kind")), 0) + 1
+    listed = ", ".join(f"{kind} {count}" for kind, count in sorted(kinds.items()))
+    return [f"the simulator disrupted the group {len(applied)} times ({listed})"]
+
+
+def unusual_rebalances(facts: RunFacts) -> list[str]:
+    """Rebalances a steady run does not have, each kind one short sentence."""
     reasons = []
-    simulation = facts.simulation or {}
-    disruptions = simulation.get("disruptions") or []
-    if disruptions:
-        kinds: dict[str, int] = {}
-        for disruption in disruptions:
-            kinds[str(disruption.get("kind"))] = kinds.get(str(disruption.get("kind")), 0) + 1
-        listed = ", ".join(f"{kind} {count}" for kind, count in sorted(kinds.items()))
-        reasons.append(f"the simulator disrupted the group {len(disruptions)} times "
-                       f"({listed})")
     unusual = {trigger: count for trigger, count in facts.rebalances_by_trigger.items()
                if count > 0 and trigger not in ROUTINE_TRIGGERS}
     if unusual:
@@ -85,9 +92,10 @@ def disturbances(facts: RunFacts) -> list[str]:
         reasons.append(f"{_count(sum(unusual.values()))} rebalances other than joins, "
                        f"leaves and connector changes ({listed})")
     joined = facts.rebalances_by_trigger.get("member_joined", 0.0)
-    if facts.members_max is not None and joined > facts.members_max + 0.5:
+    members = facts.all_members_max if facts.all_members_max is not None else facts.members_max
+    if members is not None and joined > members + 0.5:
         reasons.append(f"workers joined {_count(joined)} times for at most "
-                       f"{_workers(facts.members_max)} (rejoins)")
+                       f"{_workers(members)} (rejoins)")
     return reasons
 
 
@@ -117,7 +125,11 @@ def make_headline(facts: RunFacts) -> Headline:
                      f"{facts.min_steady_seconds:,.0f} s a capacity figure needs")
     if facts.scrapes < MIN_SCRAPES:
         short.append(f"it holds {facts.scrapes} scrapes, fewer than {MIN_SCRAPES}")
-    disturbed = disturbances(facts)
+    # Rebalances outside the steady part do not touch a figure scaled from that part; they
+    # disturb the run when there is no such part to scale from.
+    unusual = unusual_rebalances(facts)
+    disturbed = disruptions(facts) + (unusual if short or facts.steady_seconds is None
+                                      else [])
     if disturbed:
         return Headline(
             "disturbed",
@@ -133,13 +145,14 @@ def make_headline(facts: RunFacts) -> Headline:
         return Headline("no_data", f"{ran}, steadily; the capacity projection could not be "
                         "made: " + ("; ".join(notes) or "not enough data") + ".", notes)
     limit = projection.limited_by
+    aside = [f"outside the steady part: {reason}" for reason in unusual]
     if projection.max_members < members:
         budget = (f"heartbeat p99 {facts.heartbeat_p99_ms:,.2f} ms is above the "
                   f"{projection.p99_limit_ms:g} ms budget" if limit == "p99 latency" else
                   f"CPU use {projection.cpu_cores_now or 0:,.2f} cores is above the "
                   f"{projection.cpu_limit_cores:g} core budget")
         return Headline("over_budget", f"{ran}, steadily, but its {budget}: no headroom "
-                        "under that budget (see --p99-limit-ms and --cpu-limit).", [])
+                        "under that budget (see --p99-limit-ms and --cpu-limit).", aside)
     fit = math.floor(projection.max_members + 1e-9)
     return Headline(
         "capacity",
@@ -148,4 +161,4 @@ def make_headline(facts: RunFacts) -> Headline:
         f"({max(0, fit - math.ceil(members)):,} more than ran) under "
         f"{projection.cpu_limit_cores:g} "
         f"cores and a {projection.p99_limit_ms:g} ms heartbeat p99; the limit is {limit}.",
-        [])
+        aside)

@@ -65,6 +65,8 @@ GROUP_MEMBERS = PREFIX + "group_members"
 GROUP_UNITS = PREFIX + "group_units"
 GROUP_UNASSIGNED = PREFIX + "group_unassigned_units"
 HEARTBEAT_API = "ConnectGroupHeartbeat"
+# Group states while a rebalance is under way (EMPTY and STABLE groups are at rest).
+REBALANCING_STATES = ("ASSIGNING", "RECONCILING")
 # Error label values that mean success (ErrorCode.NONE, or a bare 0 from other exporters).
 SUCCESS_ERRORS = {"NONE", "0", ""}
 
@@ -346,7 +348,7 @@ def measure(spark: Any, options: Options, progress: Progress) -> Measured:
             counters.where(F.col("metric") == REBALANCES), start, bin_seconds))
         measured.unstable_over_time = _rows(agg.gauge_over_time(
             gauges.where((F.col("metric") == GROUPS)
-                         & (F.col("labels").getItem("state") != "STABLE")),
+                         & F.col("labels").getItem("state").isin(*REBALANCING_STATES)),
             start, bin_seconds))
     if options.snapshot is not None:
         with progress.step("snapshot: groups, workers, tasks"):
@@ -711,7 +713,7 @@ class FigureBuilder:
 
     def steady(self, steady: SteadyPart) -> SteadyPart:
         note = (f"the time bins ({self.m.bin_seconds:,.1f} s each) in which no group "
-                "rebalanced or was out of STABLE, nor in the bin before")
+                "rebalanced, assigned or reconciled, nor in the bin before")
         self.add(present("steady part of the recording", steady.seconds, "s", note=note))
         reason = "no steady part: a group was rebalancing throughout"
         self.add(present("heartbeat latency p50 (steady part)", steady.heartbeat_p50_ms, "ms",
@@ -723,7 +725,11 @@ class FigureBuilder:
 
     def headline(self, heartbeats: float | None, p99_ms: float | None,
                  simulation: dict[str, Any] | None, steady: SteadyPart) -> Headline:
-        members = self.m.gauge_totals.get(MEMBERS, {}).get("max")
+        all_members = self.m.gauge_totals.get(MEMBERS, {}).get("max")
+        members = all_members
+        if self.options.group is not None:  # the workers of that group, not of every group
+            members = next((row["max"] for row in self.m.group_gauges
+                            if row["metric"] == GROUP_MEMBERS), None)
         if members is None and self.m.coordinator:
             members = self.m.coordinator.get("workers")
         facts = RunFacts(
@@ -735,7 +741,8 @@ class FigureBuilder:
             simulation=simulation, projection=self.projection,
             min_steady_seconds=self.options.min_steady_seconds,
             steady_seconds=steady.seconds if self.m.rebalances_over_time
-            or self.m.unstable_over_time else None)
+            or self.m.unstable_over_time else None,
+            all_members_max=None if all_members is None else float(all_members))
         found = make_headline(facts)
         others = [g for g in self.m.snapshot_groups if g != self.options.group]
         if self.options.group is None and len(self.m.snapshot_groups) > 1:
@@ -800,8 +807,9 @@ class SteadyPart:
 
 
 def steady_part(measured: Measured) -> SteadyPart:
-    """A bin is steady when it and the bin before it saw no rebalance and no group out of
-    STABLE: the heartbeats that reconcile a rebalance can land in the scrape after it."""
+    """A bin is steady when it and the bin before it saw no rebalance and no group assigning
+    or reconciling: the heartbeats that reconcile a rebalance can land in the scrape after
+    it."""
     disturbed = {row["bin_start"] for row in measured.rebalances_over_time
                  if (row["per_second"] or 0) > 0}
     disturbed |= {row["bin_start"] for row in measured.unstable_over_time

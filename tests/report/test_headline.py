@@ -78,3 +78,16 @@ def test_no_heartbeats_no_figure() -> None:
     empty = RunFacts(window_seconds=100, scrapes=30, members_max=0,
                      heartbeats_per_second=0, heartbeat_p99_ms=None)
     assert make_headline(empty).kind == "no_data"
+
+
+def test_rebalances_outside_a_long_enough_steady_part_leave_the_figure() -> None:
+    steady = RunFacts(**{**facts(triggers={"member_joined": 12, "session_timeout": 2}).__dict__,
+                         "steady_seconds": 100.0, "all_members_max": 12.0})
+    headline = make_headline(steady)
+    assert headline.kind == "capacity"
+    assert headline.reasons == ["outside the steady part: 2 rebalances other than joins, "
+                                "leaves and connector changes (session_timeout 2)"]
+    too_little = RunFacts(**{**steady.__dict__, "steady_seconds": 20.0})
+    headline = make_headline(too_little)
+    assert headline.kind == "disturbed"
+    assert "no group was rebalancing for 20 s of the 120 s recorded" in headline.reasons[-1]

@@ -205,3 +205,23 @@ def test_bad_input_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixtur
                                     spark: Any) -> None:
     assert job.main(["--metrics", str(tmp_path / "nope"), "--out", str(tmp_path)]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_the_steady_part_leaves_out_rebalances_and_the_bin_after() -> None:
+    def buckets(bin_start: float, slow: bool) -> list[dict[str, Any]]:
+        fast_count = 0.0 if slow else 10.0
+        return [{"bin_start": bin_start, "api": "ConnectGroupHeartbeat", "le": le,
+                 "increase": count}
+                for le, count in (("0.001", fast_count), ("0.1", 10.0), ("+Inf", 10.0))]
+
+    measured = job.Measured(bin_seconds=3.0)
+    for index in range(10):
+        # bin 4 holds a rebalance; its slow heartbeats land in bins 4 and 5
+        measured.buckets_over_time += buckets(3.0 * index, slow=index in (4, 5))
+    measured.rebalances_over_time = [{"bin_start": 12.0, "metric": "x", "per_second": 0.3}]
+    # an EMPTY group is at rest: it is not in the rebalancing states the job selects
+    measured.unstable_over_time = [{"bin_start": 27.0, "metric": "x", "value": 1.0}]
+    steady = job.steady_part(measured)
+    assert steady.bins == 7  # all but bin 4 (the rebalance), 5 (the bin after) and 9
+    assert steady.seconds == 21.0
+    assert steady.heartbeat_p99_ms is not None and steady.heartbeat_p99_ms <= 1.0
