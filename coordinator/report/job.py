@@ -713,7 +713,7 @@ class FigureBuilder:
 
     def steady(self, steady: SteadyPart) -> SteadyPart:
         note = (f"the time bins ({self.m.bin_seconds:,.1f} s each) in which no group "
-                "rebalanced, assigned or reconciled, nor in the bin before")
+                "rebalanced, assigned or reconciled, nor in the two bins before")
         self.add(present("steady part of the recording", steady.seconds, "s", note=note))
         reason = "no steady part: a group was rebalancing throughout"
         self.add(present("heartbeat latency p50 (steady part)", steady.heartbeat_p50_ms, "ms",
@@ -756,6 +756,20 @@ class FigureBuilder:
             found.reasons.append(f"the snapshot has no group {self.options.group!r} "
                                  f"(it holds: {', '.join(others) or 'none'})")
         return found
+
+    def withhold_capacity(self, headline: Headline) -> None:
+        """The run cannot support a capacity figure: the summary shows none, so that no
+        table contradicts the headline (the model's arithmetic stays in its own table)."""
+        reason = f"no capacity figure for this run ({headline.kind.replace('_', ' ')}): " \
+                 "see the headline"
+        self.summary = [
+            Figure(figure.name, None, figure.unit, reason, "")
+            if figure.name.startswith("capacity:") else figure
+            for figure in self.summary]
+        for table in self.tables:
+            if table.name == "capacity":
+                table.note = (f"Not a capacity figure for this run ({reason}): only the "
+                              "model's arithmetic on what was measured. " + table.note)
 
     def groups(self) -> Table:
         by_group: dict[str, dict[str, Any]] = {}
@@ -807,9 +821,9 @@ class SteadyPart:
 
 
 def steady_part(measured: Measured) -> SteadyPart:
-    """A bin is steady when it and the bin before it saw no rebalance and no group assigning
-    or reconciling: the heartbeats that reconcile a rebalance can land in the scrape after
-    it."""
+    """A bin is steady when it and the two bins before it saw no rebalance and no group
+    assigning or reconciling: the heartbeats that reconcile a rebalance can land in the
+    scrape after it, and with bins as wide as the scrape interval a bin may hold no scrape."""
     disturbed = {row["bin_start"] for row in measured.rebalances_over_time
                  if (row["per_second"] or 0) > 0}
     disturbed |= {row["bin_start"] for row in measured.unstable_over_time
@@ -821,8 +835,7 @@ def steady_part(measured: Measured) -> SteadyPart:
         if api == HEARTBEAT_API:
             buckets[bin_start] = histogram
     steady = [bin_start for bin_start in buckets
-              if bin_start not in disturbed
-              and not any(abs(bin_start - width - other) < width / 2 for other in disturbed)]
+              if not any(bin_start - 2.5 * width < other <= bin_start for other in disturbed)]
     merged = _merge_buckets([buckets[bin_start] for bin_start in steady])
     return SteadyPart(
         seconds=len(steady) * width, bins=len(steady),
@@ -949,6 +962,8 @@ def run_report(spark: Any, options: Options, stream: Any = None) -> Report:
                          p99_ms=heartbeat_p99)
         builder.simulation(simulation)
         headline = builder.headline(heartbeats, heartbeat_p99, simulation, steady)
+        if headline.kind not in ("capacity", "over_budget"):
+            builder.withhold_capacity(headline)
         builder.groups()
         charts, chart_tables = build_charts(measured, options.out)
         workers = Table(

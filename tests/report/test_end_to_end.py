@@ -268,6 +268,11 @@ def test_the_headline_of_the_chaos_run_gives_no_capacity_figure(run: Run) -> Non
     assert f"{len(run.simulation['disruptions'])} times" in disrupted
     for kind in kinds:
         assert kind in disrupted
+    # no table says otherwise: the summary's capacity rows are withheld
+    for name, entry in run.figures["summary"].items():
+        if name.startswith("capacity:"):
+            assert entry["status"] == "missing", (name, entry)
+            assert "no capacity figure for this run (disturbed)" in entry["missing_reason"]
     # the simulator's results are in the report
     assert value(run, "disruptions (simulation)") == len(run.simulation["disruptions"])
     assert value(run, "units run on two workers (simulation)") == 0

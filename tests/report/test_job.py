@@ -164,6 +164,8 @@ def test_simulation_results_and_a_disturbed_headline(
     assert headline["kind"] == "disturbed"
     assert "no capacity figure" in headline["text"]
     assert any("bounce 1, kill 1" in reason for reason in headline["reasons"])
+    assert summary["capacity: max members"]["status"] == "missing"
+    assert "see the headline" in summary["capacity: max members"]["missing_reason"]
 
 
 def test_a_bad_simulation_file_is_one_clear_error(
@@ -222,6 +224,6 @@ def test_the_steady_part_leaves_out_rebalances_and_the_bin_after() -> None:
     # an EMPTY group is at rest: it is not in the rebalancing states the job selects
     measured.unstable_over_time = [{"bin_start": 27.0, "metric": "x", "value": 1.0}]
     steady = job.steady_part(measured)
-    assert steady.bins == 7  # all but bin 4 (the rebalance), 5 (the bin after) and 9
-    assert steady.seconds == 21.0
+    assert steady.bins == 6  # all but bin 4 (the rebalance), 5 and 6 (after it) and 9
+    assert steady.seconds == 18.0
     assert steady.heartbeat_p99_ms is not None and steady.heartbeat_p99_ms <= 1.0
