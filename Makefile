@@ -55,7 +55,7 @@ lint: install
 	$(BIN)/mypy coordinator protocol bench
 
 # Stable-heartbeat throughput and latency (coordinator subprocess, 2 processes of trio
-# workers), side by side with a 1,000 x 50,000 balanced run in flight (issue 4).
+# workers), side by side with a 1,000 x 50,000 balanced run in flight (BENCHMARKS.md).
 bench: install
 	$(BIN)/connect-coordinator bench codec
 	$(BIN)/connect-coordinator bench heartbeats --assignor-load

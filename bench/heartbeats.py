@@ -29,7 +29,8 @@ that carried an assignment, i.e. a rebalance happened). Latency runs from the wo
 calling `KafkaClient.request` to the decoded answer, in the load process, so it includes
 the client's own scheduling.
 
-`--assignor-load` (issue 4): before the heartbeat load starts, a separate group of
+`--assignor-load` (the in-flight target in BENCHMARKS.md): before the heartbeat load
+starts, a separate group of
 ASSIGNOR_WORKERS lightweight members (raw `KafkaClient` joins on a few connections, naming
 the server assignor `balanced`, heartbeating every 20 s) gets ASSIGNOR_CONNECTORS
 connectors holding ASSIGNOR_TASKS tasks in all, with `connect.assignment.interval.ms` 0.
@@ -44,7 +45,7 @@ there first, instead of letting them write their records during the window) foll
   lands, so a `balanced` run of the whole group is in flight for most of the window. The
   report puts it next to the baseline with the p99 ratio and, from the coordinator's
   /metrics, how many runs completed and what share of the time one was running.
-* an in-flight window, issue 4's target as written: the same resize, but only every
+* an in-flight window, the in-flight target as written: the same resize, but only every
   IN_FLIGHT_PUT_INTERVAL_MS, so one run at a time is in flight now and then. The
   coordinator logs when each run was in flight (`assignor_run_landed`: submitted when the
   core handed it over, landed when its outcome was applied and its records were durable),
@@ -808,7 +809,7 @@ async def _wait_stable(target: Target, groups: Sequence[str], members: int,
 
 
 class BigGroup:
-    """Issue 4's load: a group big enough that every `balanced` run is expensive."""
+    """The assignor load: a group big enough that every `balanced` run is expensive."""
 
     def __init__(self, target: Target, args: argparse.Namespace, tag: str) -> None:
         self.target = target
@@ -1117,7 +1118,7 @@ def in_flight_figures(baseline: Sequence[Sequence[dict[str, Any]]],
                       windows: Sequence[Sequence[dict[str, Any]]],
                       runs: Sequence[Sequence[tuple[float, float, float]]], duration: float
                       ) -> dict[str, Any]:
-    """Issue 4's target as written: heartbeats sent while a run was in flight against the
+    """The in-flight target as written: heartbeats sent while a run was in flight against the
     baseline windows (no run anywhere); `between_runs` are the in-flight windows' others."""
     in_flight: list[float] = []
     between: list[float] = []
@@ -1389,7 +1390,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="seconds between stable and the first window (default %(default)s)")
     load.add_argument("--settle-timeout", type=float, default=180.0,
                       help="seconds to wait for groups to become stable (default %(default)s)")
-    big = parser.add_argument_group("assignor load (issue 4)")
+    big = parser.add_argument_group("assignor load")
     big.add_argument("--assignor-load", action="store_true",
                      help="also measure while a server-side balanced run of a big group is "
                           "in flight, side by side with a baseline")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 from pathlib import Path
@@ -72,6 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="connect-coordinator", description=DESCRIPTION, epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     _serve_parser(commands)
     _describe_parser(commands)
@@ -103,7 +105,46 @@ BENCHES: dict[str, str] = {
 }
 
 
+# What `pip install 'connect-coordinator[report]'` adds; nothing else needs them.
+REPORT_MODULES = frozenset({"pyspark", "pyarrow", "pandas", "matplotlib"})
+REPORT_INSTALL = "pip install 'connect-coordinator[report]'"
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("connect-coordinator")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown (not installed)"
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Runs one command. A failure a user can cause ends in one line on stderr naming the
+    cause and what to do, and a non-zero status; output cut short by its reader (`| head`)
+    ends quietly."""
+    try:
+        status = _main(argv)
+        sys.stdout.flush()  # here, so that a closed pipe is caught below, not at exit
+    except BrokenPipeError:
+        # The reader went away (`... | head`): nothing is wrong and nothing more is wanted.
+        # Point stdout at /dev/null so that the interpreter's last flush stays quiet.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141  # what a shell reports for a program ended by SIGPIPE
+    except ModuleNotFoundError as error:
+        missing = (error.name or "").partition(".")[0]
+        if missing not in REPORT_MODULES:
+            raise
+        words = list(sys.argv[1:] if argv is None else argv)
+        command = " ".join(words[:2] if words[:1] in (["log"], ["metrics"]) else words[:1])
+        print(f"connect-coordinator: `{command}` needs {missing}, which is not installed: "
+              f"{REPORT_INSTALL}", file=sys.stderr)
+        return 2
+    return status
+
+
+def _main(argv: list[str] | None = None) -> int:
     skip_optional_test_imports()
     argv = list(sys.argv[1:] if argv is None else argv)
     # Commands with options of their own get everything after their name untouched.
@@ -146,11 +187,8 @@ def module_command(module: str, *args: str) -> list[str]:
 def _forward(module: str, function: str, argv: list[str]) -> int:
     import importlib
 
-    try:
-        target = getattr(importlib.import_module(module), function)
-    except (ImportError, AttributeError):
-        print(f"connect-coordinator: {module} is not available in this build", file=sys.stderr)
-        return 2
+    # A missing optional dependency (the report's) is told by main(), naming the extra.
+    target = getattr(importlib.import_module(module), function)
     return int(target(argv) or 0)
 
 
@@ -161,7 +199,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     from coordinator.config import ConfigError, load_config
     from coordinator.logs import configure_logging
-    from coordinator.server.app import parse_address, run_server
+    from coordinator.server.app import ListenError, parse_address, run_server
 
     json_logs = None if args.log_format is None else args.log_format == "json"
     configure_logging(args.log_level, json_logs)
@@ -201,7 +239,7 @@ def _serve(args: argparse.Namespace) -> int:
         trio.run(serve_until_signalled)
     except BaseException as raised:  # noqa: B036 - unwrap trio's exception groups
         leaf = _first_leaf(raised)
-        if isinstance(leaf, ConfigError):
+        if isinstance(leaf, (ConfigError, ListenError)):
             print(f"connect-coordinator: {leaf}", file=sys.stderr)
             return 2
         if isinstance(leaf, (LogError, OSError)):
@@ -220,25 +258,38 @@ def _first_leaf(error: BaseException) -> BaseException:
     return error
 
 
+class CommandError(Exception):
+    """A failure the user can act on: main prints its one line and exits with `status`."""
+
+    def __init__(self, message: str, status: int = 1) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+# An HTTP server's answer starts with "HTTP/1.1 ...": read as a Kafka frame's 4-byte size
+# prefix that is 1,213,486,160 bytes.
+HTTP_AS_FRAME_SIZE = int.from_bytes(b"HTTP", "big")
+DESCRIBE_TIMEOUT_S = 30.0
+
+
 def _describe(args: argparse.Namespace) -> int:
     import trio
 
     from coordinator.server.app import parse_address
 
-    host, port = parse_address(args.bootstrap)
+    try:
+        host, port = parse_address(args.bootstrap)
+    except ValueError as error:
+        print(f"connect-coordinator: --bootstrap: {error}", file=sys.stderr)
+        return 2
     groups = list(args.groups)
-    if not groups:
-        import urllib.request
-
-        admin = args.admin or f"http://{host}:19093"
-        try:
-            with urllib.request.urlopen(f"{admin.rstrip('/')}/groups", timeout=10) as reply:
-                groups = [g["group_id"] for g in json.load(reply)["groups"]]
-        except OSError as error:
-            print(f"connect-coordinator: cannot list groups from {admin}: {error}; "
-                  "name the groups instead", file=sys.stderr)
-            return 2
-    described = trio.run(_describe_groups, host, port, groups)
+    try:
+        if not groups:
+            groups = _list_groups(args.admin or f"http://{host}:19093")
+        described = trio.run(_describe_groups, host, port, groups)
+    except CommandError as error:
+        print(f"connect-coordinator: {error}", file=sys.stderr)
+        return error.status
     if args.json:
         print(json.dumps(described, indent=2))
     else:
@@ -246,12 +297,58 @@ def _describe(args: argparse.Namespace) -> int:
     return 0 if all(g["error_code"] == 0 for g in described) else 1
 
 
+def _list_groups(admin: str) -> list[str]:
+    import http.client
+    import urllib.request
+
+    url = f"{admin.rstrip('/')}/groups"
+    try:
+        with urllib.request.urlopen(url, timeout=10) as reply:
+            return [g["group_id"] for g in json.load(reply)["groups"]]
+    except (OSError, http.client.HTTPException, ValueError, KeyError, TypeError) as error:
+        reason = str(error) or type(error).__name__
+        raise CommandError(
+            f"cannot list groups from {url} ({reason}): pass the admin listener "
+            "(serve --admin-listen, default http://127.0.0.1:19093) with --admin URL, "
+            "or name the groups", status=2) from None
+
+
 async def _describe_groups(host: str, port: int, groups: list[str]) -> list[dict[str, Any]]:
+    import trio
+
     from coordinator.client import KafkaClient
+    from protocol.framing import FrameTooLarge, ProtocolError
     from protocol.messages import ConnectGroupDescribeRequest
 
-    async with await KafkaClient.connect(host, port) as client:
-        response = await client.request(1003, ConnectGroupDescribeRequest(group_ids=tuple(groups)))
+    where = f"{host}:{port}"
+    hint = "--bootstrap takes the Kafka listener (serve --listen, default 127.0.0.1:19092)"
+    try:
+        client = await KafkaClient.connect(host, port)
+    except OSError as error:
+        # trio tells each address it tried in an exception group under the OSError.
+        cause: BaseException = error.__cause__ or error
+        while isinstance(cause, BaseExceptionGroup) and cause.exceptions:
+            cause = cause.exceptions[0]
+        reason = getattr(cause, "strerror", None) or str(cause)
+        raise CommandError(f"cannot connect to {where} ({reason}): is the coordinator "
+                           f"running there? {hint}") from None
+    try:
+        async with client:
+            with trio.fail_after(DESCRIBE_TIMEOUT_S):
+                response = await client.request(
+                    1003, ConnectGroupDescribeRequest(group_ids=tuple(groups)))
+    except trio.TooSlowError:
+        raise CommandError(f"no answer from {where} within {DESCRIBE_TIMEOUT_S:g} s: is it "
+                           f"a coordinator? {hint}") from None
+    except FrameTooLarge as error:
+        if error.size == HTTP_AS_FRAME_SIZE:
+            raise CommandError(f"{where} answered in HTTP: that looks like the admin HTTP "
+                               f"port, not the Kafka port; {hint}") from None
+        raise CommandError(f"{where} does not speak the Kafka protocol ({error}); "
+                           f"{hint}") from None
+    except (OSError, ProtocolError) as error:
+        raise CommandError(f"{where} broke off the request ({error}): is it a coordinator? "
+                           f"{hint}") from None
     return [_group_json(group) for group in response.groups]
 
 

@@ -58,7 +58,7 @@ REJECT_REASONS = (
 )
 
 GROUP_STATES = ("EMPTY", "ASSIGNING", "RECONCILING", "STABLE")
-# Member states as Describe reports them (CONTRACT §3): the core's MemberState names, and
+# Member states as Describe reports them (docs/protocol.md): the core's MemberState names, and
 # UNKNOWN for a member whose metadata is not known.
 MEMBER_STATES = ("STABLE", "UNREVOKED", "UNRELEASED", "UNKNOWN")
 TIMER_KINDS = ("session", "revocation", "assignor", "assignment")

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Regenerates docs/report-screenshot.png, the picture in the README's "See it work", the way
-# that section does it: a coordinator with the default settings (a fresh data dir, free
+# Regenerates docs/report-screenshot.png, the picture in the README's "Report on a run", the
+# way that section's chaos run does it: a coordinator with the default settings (a fresh data dir, free
 # ports), 10 workers for 60 s under chaos recorded by docs/simulate-and-record.sh, the
 # capacity report, and headless Chromium's screenshot of its page from the top through the
 # four charts, scaled to the width a README shows.
@@ -56,15 +56,15 @@ EOF
 # 2. The simulator under chaos, recorded: the README's second command, with the ports.
 # Run from WORK_DIR with the README's relative paths, which the report's page shows.
 cd "$work"
-ADMIN_URL=$admin CONNECT_COORDINATOR=$bin/connect-coordinator \
-  "$root/docs/simulate-and-record.sh" run --workers 10 --connectors 4 \
+ADMIN_URL=$admin CONNECT_COORDINATOR=$bin/connect-coordinator DATA_DIR=$work/data \
+  "$root/docs/simulate-and-record.sh" chaos --group chaos --workers 10 --connectors 4 \
   --tasks-per-connector 5 --duration 60 --chaos kill,bounce,pause \
   --rebalance-delay-ms 5000 --bootstrap "127.0.0.1:$kafka_port"
 stop_coordinator
 
 # 3. The report: the README's third command.
-"$bin/connect-coordinator" report --metrics run/metrics --snapshot run/snapshot.parquet \
-  --out run/report
+"$bin/connect-coordinator" report --metrics chaos/metrics --snapshot chaos/snapshot.parquet \
+  --simulation chaos/simulation.json --group chaos --out chaos/report
 
 # The page in headless Chromium. Without the background-networking flags it waits on the
 # network on an offline host; the timeout stops it if it hangs anyway.
@@ -72,7 +72,7 @@ profile=$(mktemp -d)
 timeout 120 "$chromium" --headless --no-sandbox --disable-gpu --disable-quic --no-first-run \
   --disable-background-networking --disable-component-update --disable-sync \
   --no-proxy-server --hide-scrollbars --user-data-dir="$profile" \
-  --screenshot="$work/page.png" --window-size=1280,3200 "file://$work/run/report/index.html" \
+  --screenshot="$work/page.png" --window-size=1280,3200 "file://$work/chaos/report/index.html" \
   2> "$work/chromium.log"
 rm -rf "$profile"
 

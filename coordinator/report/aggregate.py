@@ -297,7 +297,8 @@ def total_gauge_mean(samples: DataFrame) -> DataFrame:
     """A gauge summed over its series at each scrape, then averaged over the scrapes."""
     per_scrape = samples.groupBy("metric", "timestamp").agg(F.sum("value").alias("total"))
     return per_scrape.groupBy("metric").agg(
-        F.avg("total").alias("mean"), F.max_by("total", "timestamp").alias("last")
+        F.avg("total").alias("mean"), F.max("total").alias("max"),
+        F.max_by("total", "timestamp").alias("last")
     )
 
 

@@ -30,6 +30,12 @@ from coordinator.report.figures import (
     project_capacity,
     spread,
 )
+from coordinator.report.headline import (
+    DEFAULT_MIN_STEADY_SECONDS,
+    Headline,
+    RunFacts,
+    make_headline,
+)
 from coordinator.report.render import (
     Chart,
     Report,
@@ -59,6 +65,8 @@ GROUP_MEMBERS = PREFIX + "group_members"
 GROUP_UNITS = PREFIX + "group_units"
 GROUP_UNASSIGNED = PREFIX + "group_unassigned_units"
 HEARTBEAT_API = "ConnectGroupHeartbeat"
+# Group states while a rebalance is under way (EMPTY and STABLE groups are at rest).
+REBALANCING_STATES = ("ASSIGNING", "RECONCILING")
 # Error label values that mean success (ErrorCode.NONE, or a bare 0 from other exporters).
 SUCCESS_ERRORS = {"NONE", "0", ""}
 
@@ -80,6 +88,9 @@ class Options:
     master: str = "local[*]"
     cpu_limit: float = 0.8
     p99_limit_ms: float = 5.0
+    group: str | None = None
+    simulation: Path | None = None
+    min_steady_seconds: float = DEFAULT_MIN_STEADY_SECONDS
 
 
 class Progress:
@@ -130,6 +141,10 @@ class Measured:
     groups: list[dict[str, Any]] = field(default_factory=list)
     workers: list[dict[str, Any]] = field(default_factory=list)
     coordinator: dict[str, Any] | None = None
+    snapshot_groups: list[str] = field(default_factory=list)
+    bin_seconds: float = 0.0
+    rebalances_over_time: list[dict[str, Any]] = field(default_factory=list)
+    unstable_over_time: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def window_seconds(self) -> float:
@@ -159,11 +174,22 @@ def parse_args(argv: Sequence[str] | None) -> Options:
                              "(default: %(default)s)")
     parser.add_argument("--p99-limit-ms", type=float, default=5.0, metavar="MS",
                         help="p99 heartbeat latency budget in ms (default: %(default)s)")
+    parser.add_argument("--group", metavar="GROUP",
+                        help="report on this group only: the snapshot's figures, the groups "
+                             "and workers tables (requests, latency, CPU and capacity are "
+                             "the coordinator's, over every group)")
+    parser.add_argument("--simulation", type=Path, metavar="FILE.json",
+                        help="the simulator's report (simulate --report): its violations, "
+                             "disruptions and times to converge go into the report")
+    parser.add_argument("--min-steady-seconds", type=float,
+                        default=DEFAULT_MIN_STEADY_SECONDS, metavar="S",
+                        help="the shortest recording that gets a capacity figure "
+                             "(default: %(default)s)")
     args = parser.parse_args(argv)
     if args.cpu_limit <= 0 or args.p99_limit_ms <= 0:
         parser.error("--cpu-limit and --p99-limit-ms must be positive")
     return Options(args.metrics, args.snapshot, args.out, args.master, args.cpu_limit,
-                   args.p99_limit_ms)
+                   args.p99_limit_ms, args.group, args.simulation, args.min_steady_seconds)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -172,24 +198,40 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         from pyspark.sql import SparkSession
     except ImportError:
-        print("connect-coordinator report: error: pyspark is not installed "
-              "(pip install pyspark pyarrow matplotlib)", file=sys.stderr)
+        print("connect-coordinator report: error: pyspark is not installed: "
+              "pip install 'connect-coordinator[report]'", file=sys.stderr)
         return 2
     from coordinator.report.aggregate import InputError
 
+    try:
+        load_simulation(options.simulation)
+    except InputError as error:
+        print(f"connect-coordinator report: error: {error}", file=sys.stderr)
+        return 2
     # Reuse a running session (tests share one); otherwise start our own and stop it after.
     spark = SparkSession.getActiveSession()
     owned = spark is None
     if spark is None:
+        problem = java_problem()
+        if problem is not None:
+            print(f"connect-coordinator report: error: {problem}", file=sys.stderr)
+            return 2
         print(f"[report] starting Spark ({options.master})", file=sys.stderr, flush=True)
-        spark = (
-            SparkSession.builder.master(options.master)
-            .appName("connect-coordinator-report")
-            .config("spark.ui.showConsoleProgress", "true")
-            .config("spark.sql.shuffle.partitions", "8")
-            .config("spark.sql.session.timeZone", "UTC")
-            .getOrCreate()
-        )
+        try:
+            spark = (
+                SparkSession.builder.master(options.master)
+                .appName("connect-coordinator-report")
+                .config("spark.ui.showConsoleProgress", "true")
+                .config("spark.sql.shuffle.partitions", "8")
+                .config("spark.sql.session.timeZone", "UTC")
+                .getOrCreate()
+            )
+        except Exception as error:  # pyspark's start-up errors share no base class
+            if "JAVA_GATEWAY" not in str(error) and "Java gateway" not in str(error):
+                raise
+            print(f"connect-coordinator report: error: {JAVA_NEEDED} (Spark: {error})",
+                  file=sys.stderr)
+            return 2
         spark.sparkContext.setLogLevel("WARN")
     try:
         run_report(spark, options)
@@ -201,6 +243,45 @@ def main(argv: Sequence[str] | None = None) -> int:
             spark.stop()
     print(f"[report] written to {options.out / 'index.html'}", file=sys.stderr)
     return 0
+
+
+JAVA_NEEDED = ("report needs Java 17 to run Spark, and Spark could not start it: install "
+               "one (e.g. sudo apt-get install -y openjdk-17-jre-headless) or set JAVA_HOME")
+
+
+def java_problem() -> str | None:
+    """Why Spark cannot start Java here, before it tries (it would print a page of noise)."""
+    import os
+    import shutil
+
+    home = os.environ.get("JAVA_HOME")
+    if home:
+        java = Path(home) / "bin" / "java"
+        if not os.access(java, os.X_OK):
+            return f"{JAVA_NEEDED} (JAVA_HOME={home} has no bin/java)"
+        return None
+    if shutil.which("java") is None:
+        return f"{JAVA_NEEDED} (no java on PATH)"
+    return None
+
+
+def load_simulation(path: Path | None) -> dict[str, Any] | None:
+    """The simulator's JSON report, checked for the keys the report reads."""
+    import json
+
+    from coordinator.report.aggregate import InputError
+
+    if path is None:
+        return None
+    try:
+        document = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        raise InputError(f"--simulation {path}: {error}") from None
+    if not isinstance(document, dict) or not {"violations", "disruptions", "converged"} \
+            <= document.keys():
+        raise InputError(f"--simulation {path}: not a simulator report (simulate --report "
+                         "writes one: violations, disruptions, converged)")
+    return document
 
 
 # ---------------------------------------------------------------------------------------
@@ -231,6 +312,7 @@ def measure(spark: Any, options: Options, progress: Progress) -> Measured:
     # Bins no narrower than the mean scrape interval, so most bins hold a sample.
     mean_interval = span / (recording.scrapes - 1) if recording.scrapes > 1 else 1.0
     bin_seconds = max(span / CHART_BINS, mean_interval, 1.0)
+    measured.bin_seconds = bin_seconds
 
     counters = agg.counter_deltas(samples.where(F.col("metric").isin(*COUNTERS)), start).cache()
     gauges = samples.where(F.col("metric").isin(*GAUGES)).cache()
@@ -239,13 +321,13 @@ def measure(spark: Any, options: Options, progress: Progress) -> Measured:
         # One pass for every counter; the few resulting rows are sorted out on the driver.
         increases = _rows(agg.counter_increase(counters, "api", "error", "trigger", "group",
                                                "le"))
-        split_increases(measured, increases)
+        split_increases(measured, increases, options.group)
     with progress.step("gauges"):
         for row in _rows(agg.gauge_summary(
                 gauges.where(~F.col("metric").isin(GROUPS, MEMBERS, UNASSIGNED)), "group")):
             if row["group"] is None:
                 measured.gauges[row["metric"]] = row
-            else:
+            elif options.group is None or row["group"] == options.group:
                 measured.group_gauges.append(row)
         for row in _rows(agg.total_gauge_mean(
                 gauges.where(F.col("metric").isin(GROUPS, MEMBERS, UNASSIGNED)))):
@@ -261,9 +343,22 @@ def measure(spark: Any, options: Options, progress: Progress) -> Measured:
         measured.gauges_over_time = _rows(agg.gauge_over_time(
             gauges.where(F.col("metric").isin(GROUPS, MEMBERS)), start, bin_seconds
         ))
+        # Where the groups rebalanced: the steady part of the run is the rest.
+        measured.rebalances_over_time = _rows(agg.binned_rates(
+            counters.where(F.col("metric") == REBALANCES), start, bin_seconds))
+        measured.unstable_over_time = _rows(agg.gauge_over_time(
+            gauges.where((F.col("metric") == GROUPS)
+                         & F.col("labels").getItem("state").isin(*REBALANCING_STATES)),
+            start, bin_seconds))
     if options.snapshot is not None:
         with progress.step("snapshot: groups, workers, tasks"):
-            snapshot = agg.load_snapshot(spark, options.snapshot).cache()
+            snapshot = agg.load_snapshot(spark, options.snapshot)
+            measured.snapshot_groups = sorted(
+                row["group_id"] for row in snapshot.select("group_id").distinct().collect()
+                if row["group_id"] is not None)
+            if options.group is not None:
+                snapshot = snapshot.where(F.col("group_id") == options.group)
+            snapshot = snapshot.cache()
             measured.groups = _rows(agg.group_stats(snapshot).orderBy("group_id"))
             measured.workers = _rows(
                 agg.worker_tasks(snapshot).orderBy("group_id", "member_id")
@@ -277,7 +372,8 @@ def measure(spark: Any, options: Options, progress: Progress) -> Measured:
     return measured
 
 
-def split_increases(measured: Measured, rows: list[dict[str, Any]]) -> None:
+def split_increases(measured: Measured, rows: list[dict[str, Any]],
+                    group: str | None = None) -> None:
     """Sort the per-series counter increases into the figures that use them."""
     span = measured.window_seconds
     requests: dict[tuple[Any, Any], float] = defaultdict(float)
@@ -290,7 +386,8 @@ def split_increases(measured: Measured, rows: list[dict[str, Any]]) -> None:
         elif metric == REBALANCES:
             rebalances[row["trigger"]] += increase
         elif metric == GROUP_EPOCH:
-            epochs[row["group"]] += increase
+            if group is None or row["group"] == group:
+                epochs[row["group"]] += increase
         elif metric == REQUEST_BUCKETS:
             measured.request_buckets.append(row)
         elif metric == TIME_TO_STABLE_BUCKETS:
@@ -384,6 +481,10 @@ class FigureBuilder:
         self.summary.append(figure)
         return figure
 
+    def over(self) -> str:
+        """Where a rate was measured: a short recording gives a rate of that window only."""
+        return f"measured over the {self.m.window_seconds:,.0f} s recorded"
+
     # --- sections -------------------------------------------------------------------
 
     def window(self) -> None:
@@ -425,9 +526,13 @@ class FigureBuilder:
             if rates
             else None
         )
-        self.add(present("requests per second", total, "1/s", missing_reason=reason))
-        self.add(present("heartbeats per second", heartbeats, "1/s", missing_reason=reason))
-        self.add(present("error responses per second", errors, "1/s", missing_reason=reason))
+        over = self.over()
+        self.add(present("requests per second", total, "1/s", missing_reason=reason,
+                         note=over))
+        self.add(present("heartbeats per second", heartbeats, "1/s", missing_reason=reason,
+                         note=over))
+        self.add(present("error responses per second", errors, "1/s", missing_reason=reason,
+                         note=over))
 
         histograms = _buckets_by(self.m.request_buckets, "api")
         per_api: dict[str, dict[str, Any]] = defaultdict(
@@ -467,19 +572,23 @@ class FigureBuilder:
 
     def rebalances(self) -> None:
         rows = self.m.rebalances
-        hours = self.m.window_seconds / 3600
-        per_hour = sum(row["increase"] for row in rows) / hours if rows and hours > 0 else None
-        self.add(present("rebalances per hour", per_hour, "1/h",
-                         missing_reason=self.reason(REBALANCES)))
+        minutes = self.m.window_seconds / 60
+        total = sum(row["increase"] for row in rows) if rows else None
+        self.add(present("rebalances", total, "rebalances",
+                         missing_reason=self.reason(REBALANCES), note=self.over()))
+        self.add(present("rebalances per minute",
+                         total / minutes if total is not None and minutes > 0 else None,
+                         "1/min", missing_reason=self.reason(REBALANCES), note=self.over()))
         self.tables.append(Table(
             "rebalances_by_trigger",
             "Rebalances per trigger",
-            ["trigger", "rebalances", "per_hour"],
+            ["trigger", "rebalances", "per_minute"],
             [
                 {"trigger": row["trigger"], "rebalances": row["increase"],
-                 "per_hour": row["increase"] / hours if hours > 0 else None}
+                 "per_minute": row["increase"] / minutes if minutes > 0 else None}
                 for row in sorted(rows, key=lambda row: str(row["trigger"]))
             ],
+            note=f"Counts {self.over()}.",
         ))
         histogram = _merge_buckets(list(_buckets_by(self.m.stable_buckets).values()))
         rows_out = []
@@ -508,9 +617,10 @@ class FigureBuilder:
         log = self.m.gauges.get(LOG_BYTES, {})
         self.add(present("log size (last scrape)", log.get("last"), "bytes",
                          missing_reason=self.reason(LOG_BYTES)))
-        self.add(present("log growth per hour", log.get("slope_per_hour"), "bytes/h",
-                         missing_reason=self.reason(LOG_BYTES),
-                         note="least-squares slope of log_bytes over the recording"))
+        slope = log.get("slope_per_hour")
+        self.add(present("log growth per minute", None if slope is None else slope / 60,
+                         "bytes/min", missing_reason=self.reason(LOG_BYTES),
+                         note="least-squares slope of log_bytes, " + self.over()))
         memory = self.m.gauges.get(RESIDENT_MEMORY, {})
         self.add(present("resident memory (max)", memory.get("max"), "bytes",
                          missing_reason=self.reason(RESIDENT_MEMORY)))
@@ -518,7 +628,7 @@ class FigureBuilder:
         written = self.m.increases.get(RECORDS_WRITTEN)
         self.add(present("records written per second",
                          written / span if written is not None and span > 0 else None, "1/s",
-                         missing_reason=self.reason(RECORDS_WRITTEN)))
+                         missing_reason=self.reason(RECORDS_WRITTEN), note=self.over()))
         return members, groups
 
     def cpu(self, heartbeats_per_second: float | None) -> float | None:
@@ -526,7 +636,8 @@ class FigureBuilder:
         span = self.m.window_seconds
         cpu_seconds = self.m.increases.get(CPU)
         cores = cpu_seconds / span if cpu_seconds is not None and span > 0 else None
-        self.add(present("CPU used (mean)", cores, "cores", missing_reason=self.reason(CPU)))
+        self.add(present("CPU used (mean)", cores, "cores", missing_reason=self.reason(CPU),
+                         note=self.over()))
         per_thousand = None
         if cores is not None and heartbeats_per_second:
             per_thousand = cores / heartbeats_per_second * 1000
@@ -569,8 +680,98 @@ class FigureBuilder:
         self.tables.append(Table("capacity", "Capacity projection", ["quantity", "value"], rows,
                                  note=" ".join(projection.models)))
 
+    def simulation(self, document: dict[str, Any] | None) -> None:
+        """The simulator's own verdict: units run twice, disruptions, times to converge."""
+        reason = "no --simulation given"
+        if document is None:
+            for name in ("units run on two workers (simulation)", "disruptions (simulation)",
+                         "time to converge: max (simulation)"):
+                self.add(present(name, None, missing_reason=reason))
+            return
+        disruptions = list(document.get("disruptions") or [])
+        times = [d["time_to_converge_s"] for d in disruptions
+                 if d.get("time_to_converge_s") is not None]
+        self.add(present("units run on two workers (simulation)",
+                         len(document.get("violations") or []), "violations"))
+        self.add(present("disruptions (simulation)", len(disruptions), "disruptions"))
+        self.add(present("time to converge: max (simulation)", max(times) if times else None,
+                         "s", missing_reason="no disruption converged" if disruptions
+                         else "no disruptions"))
+        self.add(present("initial convergence (simulation)",
+                         document.get("initial_convergence_s"), "s"))
+        self.tables.append(Table(
+            "simulation_disruptions", "Disruptions the simulator applied",
+            ["kind", "target", "started_s", "time_to_converge_s", "converged"],
+            [{key: d.get(key) for key in ("kind", "target", "started_s",
+                                          "time_to_converge_s", "converged")}
+             for d in disruptions],
+            note=f"From {self.options.simulation}: seconds from the start of the simulation; "
+                 f"the group converged at the end: {document.get('converged')}; "
+                 f"units run on two workers at once: "
+                 f"{len(document.get('violations') or [])}.",
+        ))
+
+    def steady(self, steady: SteadyPart) -> SteadyPart:
+        note = (f"the time bins ({self.m.bin_seconds:,.1f} s each) in which no group "
+                "rebalanced, assigned or reconciled, nor in the two bins before")
+        self.add(present("steady part of the recording", steady.seconds, "s", note=note))
+        reason = "no steady part: a group was rebalancing throughout"
+        self.add(present("heartbeat latency p50 (steady part)", steady.heartbeat_p50_ms, "ms",
+                         missing_reason=reason))
+        self.add(present("heartbeat latency p99 (steady part)", steady.heartbeat_p99_ms, "ms",
+                         missing_reason=reason,
+                         note="the p99 the capacity projection scales from"))
+        return steady
+
+    def headline(self, heartbeats: float | None, p99_ms: float | None,
+                 simulation: dict[str, Any] | None, steady: SteadyPart) -> Headline:
+        all_members = self.m.gauge_totals.get(MEMBERS, {}).get("max")
+        members = all_members
+        if self.options.group is not None:  # the workers of that group, not of every group
+            members = next((row["max"] for row in self.m.group_gauges
+                            if row["metric"] == GROUP_MEMBERS), None)
+        if members is None and self.m.coordinator:
+            members = self.m.coordinator.get("workers")
+        facts = RunFacts(
+            window_seconds=self.m.window_seconds, scrapes=self.m.scrapes,
+            members_max=None if members is None else float(members),
+            heartbeats_per_second=heartbeats, heartbeat_p99_ms=p99_ms,
+            rebalances_by_trigger={str(row["trigger"]): float(row["increase"])
+                                   for row in self.m.rebalances},
+            simulation=simulation, projection=self.projection,
+            min_steady_seconds=self.options.min_steady_seconds,
+            steady_seconds=steady.seconds if self.m.rebalances_over_time
+            or self.m.unstable_over_time else None,
+            all_members_max=None if all_members is None else float(all_members))
+        found = make_headline(facts)
+        others = [g for g in self.m.snapshot_groups if g != self.options.group]
+        if self.options.group is None and len(self.m.snapshot_groups) > 1:
+            found.reasons.append(
+                f"the snapshot holds {len(self.m.snapshot_groups)} groups "
+                f"({', '.join(self.m.snapshot_groups[:5])}"
+                f"{', ...' if len(self.m.snapshot_groups) > 5 else ''}): "
+                "--group NAME reports on one")
+        elif self.options.group is not None and self.options.group not in \
+                self.m.snapshot_groups and self.options.snapshot is not None:
+            found.reasons.append(f"the snapshot has no group {self.options.group!r} "
+                                 f"(it holds: {', '.join(others) or 'none'})")
+        return found
+
+    def withhold_capacity(self, headline: Headline) -> None:
+        """The run cannot support a capacity figure: the summary shows none, so that no
+        table contradicts the headline (the model's arithmetic stays in its own table)."""
+        reason = f"no capacity figure for this run ({headline.kind.replace('_', ' ')}): " \
+                 "see the headline"
+        self.summary = [
+            Figure(figure.name, None, figure.unit, reason, "")
+            if figure.name.startswith("capacity:") else figure
+            for figure in self.summary]
+        for table in self.tables:
+            if table.name == "capacity":
+                table.note = (f"Not a capacity figure for this run ({reason}): only the "
+                              "model's arithmetic on what was measured. " + table.note)
+
     def groups(self) -> Table:
-        hours = self.m.window_seconds / 3600
         by_group: dict[str, dict[str, Any]] = {}
         for row in self.m.groups:
             by_group[row["group_id"]] = dict(row)
@@ -589,22 +790,57 @@ class FigureBuilder:
                 entry["unassigned_time_fraction"] = row["fraction_positive"]
         for row in self.m.group_epochs:
             entry = by_group.setdefault(row["group"], {"group_id": row["group"]})
-            entry["epoch_bumps_per_hour"] = row["increase"] / hours if hours > 0 else None
+            entry["epoch_bumps"] = row["increase"]
         columns = [
             "group_id", "group_state", "group_epoch", "assignment_epoch", "workers",
             "connectors", "tasks", "tasks_per_worker_min", "tasks_per_worker_median",
             "tasks_per_worker_max", "tasks_per_worker_imbalance", "unassigned_units",
             "members_mean", "units_last", "unassigned_max", "unassigned_time_fraction",
-            "epoch_bumps_per_hour",
+            "epoch_bumps",
         ]
         table = Table(
             "groups", "Groups", columns, [by_group[key] for key in sorted(by_group)],
             note="Snapshot columns (state ... unassigned_units) come from --snapshot; "
-                 "members_mean ... epoch_bumps_per_hour from the per-group gauges, which "
-                 "the coordinator exports for at most metrics.per_group.max groups.",
+                 "members_mean ... epoch_bumps from the per-group gauges, which the "
+                 f"coordinator exports for at most metrics.per_group.max groups; epoch_bumps "
+                 f"counts the rebalances {self.over()}.",
         )
         self.tables.append(table)
         return table
+
+
+@dataclass(frozen=True)
+class SteadyPart:
+    """The time bins of the recording in which no group was rebalancing, and the heartbeat
+    latency measured in them alone."""
+
+    seconds: float
+    bins: int
+    heartbeat_p50_ms: float | None
+    heartbeat_p99_ms: float | None
+
+
+def steady_part(measured: Measured) -> SteadyPart:
+    """A bin is steady when it and the two bins before it saw no rebalance and no group
+    assigning or reconciling: the heartbeats that reconcile a rebalance can land in the
+    scrape after it, and with bins as wide as the scrape interval a bin may hold no scrape."""
+    disturbed = {row["bin_start"] for row in measured.rebalances_over_time
+                 if (row["per_second"] or 0) > 0}
+    disturbed |= {row["bin_start"] for row in measured.unstable_over_time
+                  if (row["value"] or 0) > 0}
+    width = measured.bin_seconds
+    buckets: dict[float, list[tuple[float, float]]] = defaultdict(list)
+    for (bin_start, api), histogram in _buckets_by(measured.buckets_over_time, "bin_start",
+                                                   "api").items():
+        if api == HEARTBEAT_API:
+            buckets[bin_start] = histogram
+    steady = [bin_start for bin_start in buckets
+              if not any(bin_start - 2.5 * width < other <= bin_start for other in disturbed)]
+    merged = _merge_buckets([buckets[bin_start] for bin_start in steady])
+    return SteadyPart(
+        seconds=len(steady) * width, bins=len(steady),
+        heartbeat_p50_ms=_ms(histogram_quantile(0.5, merged)) if merged else None,
+        heartbeat_p99_ms=_ms(histogram_quantile(0.99, merged)) if merged else None)
 
 
 def _series_rows(rows: list[dict[str, Any]], key: str, value: str) -> dict[str, list[
@@ -614,6 +850,19 @@ def _series_rows(rows: list[dict[str, Any]], key: str, value: str) -> dict[str, 
         if row[value] is not None:
             series[str(row[key])].append((row["bin_start"], row[value]))
     return series
+
+
+def _timed(rows: list[dict[str, Any]], start: float) -> list[dict[str, Any]]:
+    """Rows with their bin's start as seconds from the recording's start and as a UTC clock
+    time, in place of the epoch seconds Spark binned by."""
+    timed = []
+    for row in sorted(rows, key=lambda row: (row["bin_start"], str(row.get("api") or
+                                                                   row.get("metric")))):
+        entry = {key: value for key, value in row.items() if key != "bin_start"}
+        entry["t_s"] = round(row["bin_start"] - start, 1)
+        entry["time_utc"] = datetime.fromtimestamp(row["bin_start"], UTC).strftime("%H:%M:%S")
+        timed.append(entry)
+    return timed
 
 
 def build_charts(measured: Measured, out: Path) -> tuple[list[Chart], list[Table]]:
@@ -633,9 +882,11 @@ def build_charts(measured: Measured, out: Path) -> tuple[list[Chart], list[Table
 
     rates = measured.rate_over_time
     rate_series = _series_rows(rates, "api", "per_second")
+    over_time_note = ("t_s: seconds from the start of the recording to the start of the "
+                      "time bin; time_utc: the same moment on the clock.")
     tables.append(Table("request_rate_over_time", "Request rate over time",
-                        ["bin_start", "api", "per_second"],
-                        sorted(rates, key=lambda row: (row["bin_start"], str(row["api"])))))
+                        ["t_s", "time_utc", "api", "per_second"], _timed(rates, start),
+                        note=over_time_note))
     chart("request_rate.png", "Requests per second by API",
           (lambda path: line_chart(path, "Requests per second by API", rate_series,
                                    window_start=start, y_label="requests / s"))
@@ -651,7 +902,8 @@ def build_charts(measured: Measured, out: Path) -> tuple[list[Chart], list[Table
             "p99_ms": _ms(histogram_quantile(0.99, buckets)),
         })
     tables.append(Table("latency_over_time", "Request latency percentiles over time",
-                        ["bin_start", "api", "p50_ms", "p99_ms"], latency_rows))
+                        ["t_s", "time_utc", "api", "p50_ms", "p99_ms"],
+                        _timed(latency_rows, start), note=over_time_note))
     latency_series: dict[str, list[tuple[float, float]]] = {}
     for quantile in ("p50_ms", "p99_ms"):
         for name, points in _series_rows(latency_rows, "api", quantile).items():
@@ -668,8 +920,8 @@ def build_charts(measured: Measured, out: Path) -> tuple[list[Chart], list[Table
         for metric, points in _series_rows(gauge_rows, "metric", "value").items()
     }
     tables.append(Table("members_groups_over_time", "Members and groups over time",
-                        ["bin_start", "metric", "value"],
-                        sorted(gauge_rows, key=lambda row: (row["bin_start"], row["metric"]))))
+                        ["t_s", "time_utc", "metric", "value"], _timed(gauge_rows, start),
+                        note=over_time_note))
     chart("members_groups.png", "Members and groups",
           (lambda path: line_chart(path, "Members and groups", gauge_series,
                                    window_start=start, y_label="count"))
@@ -687,6 +939,7 @@ def build_charts(measured: Measured, out: Path) -> tuple[list[Chart], list[Table
 def run_report(spark: Any, options: Options, stream: Any = None) -> Report:
     """Measure with Spark, compute the figures, write everything into ``options.out``."""
     progress = Progress(steps=7, stream=stream)
+    simulation = load_simulation(options.simulation)
     measured = measure(spark, options, progress)
     with progress.step("figures, charts and files"):
         options.out.mkdir(parents=True, exist_ok=True)
@@ -694,6 +947,10 @@ def run_report(spark: Any, options: Options, stream: Any = None) -> Report:
         builder.window()
         builder.snapshot()
         heartbeats, heartbeat_p99 = builder.requests()
+        steady = builder.steady(steady_part(measured))
+        if steady.heartbeat_p99_ms is not None:
+            # Capacity is about steady load: the heartbeats of rebalances wait for the log.
+            heartbeat_p99 = steady.heartbeat_p99_ms
         builder.rebalances()
         members, groups = builder.gauges()
         cores = builder.cpu(heartbeats)
@@ -703,6 +960,10 @@ def run_report(spark: Any, options: Options, stream: Any = None) -> Report:
             heartbeat_p99 = _ms(histogram_quantile(0.99, all_apis)) if all_apis else None
         builder.capacity(members=members, groups=groups, cores=cores, heartbeats=heartbeats,
                          p99_ms=heartbeat_p99)
+        builder.simulation(simulation)
+        headline = builder.headline(heartbeats, heartbeat_p99, simulation, steady)
+        if headline.kind not in ("capacity", "over_budget"):
+            builder.withhold_capacity(headline)
         builder.groups()
         charts, chart_tables = build_charts(measured, options.out)
         workers = Table(
@@ -722,6 +983,8 @@ def run_report(spark: Any, options: Options, stream: Any = None) -> Report:
             inputs={
                 "metrics": str(options.metrics),
                 "snapshot": str(options.snapshot) if options.snapshot else "none",
+                "simulation": str(options.simulation) if options.simulation else "none",
+                "group": options.group or "every group in the snapshot",
                 "cpu limit (cores)": options.cpu_limit,
                 "p99 limit (ms)": options.p99_limit_ms,
             },
@@ -730,11 +993,14 @@ def run_report(spark: Any, options: Options, stream: Any = None) -> Report:
             charts=charts,
             models=[CPU_MODEL, LATENCY_MODEL],
             group_details=details,
+            headline=headline.as_dict(),
         )
         for table in [summary, *report.tables]:
             write_csv(options.out / f"{table.name}.csv", table)
         projection = builder.projection.as_dict() if builder.projection else None
-        write_figures_json(options.out / "figures.json", report, {"capacity": projection})
+        write_figures_json(options.out / "figures.json", report,
+                           {"capacity": projection, "headline": headline.as_dict(),
+                            "simulation": simulation})
         write_html(options.out / "index.html", report)
     return report
 

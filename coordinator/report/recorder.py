@@ -399,6 +399,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         arguments = arguments[1:]
     parser = build_parser()
     args = parser.parse_args(arguments)
+    # Needed for the first write: its absence is told now, not after the first scrapes.
+    import pyarrow  # noqa: F401
     sink = ParquetSink(args.out)
     try:
         if args.url is not None:

@@ -49,6 +49,8 @@ class Report:
     charts: list[Chart] = field(default_factory=list)
     models: list[str] = field(default_factory=list)
     group_details: list[Table] = field(default_factory=list)
+    # kind, text, reasons (coordinator/report/headline.py)
+    headline: dict[str, Any] = field(default_factory=dict)
 
 
 def _plain(value: Any) -> Any:
@@ -126,23 +128,33 @@ def missing_chart(path: Path, title: str, reason: str) -> None:
     _save(figure, path)
 
 
-def minutes_axis_label(window_start: float) -> str:
-    started = datetime.fromtimestamp(window_start, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-    return f"minutes since {started}"
+# Up to this span the time axis is in seconds, beyond it in minutes.
+SECONDS_AXIS_LIMIT = 600.0
+
+
+def time_axis(window_start: float, span_seconds: float) -> tuple[float, str]:
+    """(seconds per axis unit, axis label) for a chart starting at ``window_start``."""
+    started = datetime.fromtimestamp(window_start, UTC).strftime("%H:%M:%S UTC on %Y-%m-%d")
+    if span_seconds <= SECONDS_AXIS_LIMIT:
+        return 1.0, f"seconds since {started}"
+    return 60.0, f"minutes since {started}"
 
 
 def line_chart(path: Path, title: str, series: Mapping[str, Sequence[tuple[float, float]]],
                *, window_start: float, y_label: str) -> None:
     figure, axes = _new_plot(title)
+    latest = max((time for points in series.values() for time, _ in points),
+                 default=window_start)
+    unit, label = time_axis(window_start, latest - window_start)
     for name, points in sorted(series.items()):
         ordered = sorted(points)
         axes.plot(
-            [(time - window_start) / 60 for time, _ in ordered],
+            [(time - window_start) / unit for time, _ in ordered],
             [value for _, value in ordered],
             marker=".",
             label=name,
         )
-    axes.set_xlabel(minutes_axis_label(window_start))
+    axes.set_xlabel(label)
     axes.set_ylabel(y_label)
     if series:
         axes.legend(fontsize=8, loc="best")
@@ -222,7 +234,22 @@ p.note { color: #555; font-size: 0.9em; }
 img { max-width: 100%; border: 1px solid #ddd; margin: 0.5em 0; }
 div.scroll { overflow-x: auto; max-width: 100%; }
 h2 a, h3 a { font-size: 0.6em; font-weight: normal; }
+div.headline { border-left: 6px solid #2a7; background: #f4faf6; padding: 0.4em 1em; }
+div.headline.disturbed, div.headline.too_short, div.headline.no_data,
+div.headline.over_budget { border-color: #c90; background: #fdf8ee; }
+div.headline.failed { border-color: #c33; background: #fdf0f0; }
+div.headline p { font-size: 1.1em; margin: 0.4em 0; }
 """
+
+
+def _headline_html(headline: Mapping[str, Any]) -> str:
+    if not headline:
+        return ""
+    reasons = "".join(f"<li>{html.escape(str(reason))}</li>"
+                      for reason in headline.get("reasons", []))
+    return (f'<div class="headline {html.escape(str(headline.get("kind", "")))}" '
+            f'id="headline"><p>{html.escape(str(headline.get("text", "")))}</p>'
+            + (f"<ul>{reasons}</ul>" if reasons else "") + "</div>")
 
 
 def write_html(path: Path, report: Report) -> None:
@@ -248,6 +275,7 @@ def write_html(path: Path, report: Report) -> None:
 <title>{html.escape(report.title)}</title><style>{STYLE}</style></head>
 <body>
 <h1>{html.escape(report.title)}</h1>
+{_headline_html(report.headline)}
 <p class=note>Generated {html.escape(report.generated_at)}. All figures are also in
 <a href="figures.json">figures.json</a> and one CSV per table.</p>
 <ul>{inputs}</ul>

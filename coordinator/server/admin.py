@@ -1,4 +1,4 @@
-"""The admin HTTP API (CONTRACT §6), a Starlette app served by hypercorn on trio.
+"""The admin HTTP API (README, "Admin HTTP API"), a Starlette app served by hypercorn on trio.
 
 Mutations go through the runtime like KRPC requests: core call, timers, log lines, then
 the records are made durable before the answer. Bad input gets a 4xx with a JSON body
@@ -162,8 +162,17 @@ def build_admin_app(runtime: Runtime) -> Starlette:
         async def handle(request: Request) -> Response:
             require_ready()
             group, connector = request.path_params["group"], request.path_params["connector"]
-            return JSONResponse(await runtime.call(runtime.core.delete_connector, group,
-                                                   connector))
+            try:
+                answer = await runtime.call(runtime.core.delete_connector, group, connector)
+            except ApiError as error:
+                if error.code == ErrorCode.GROUP_ID_NOT_FOUND \
+                        and group in runtime.core.group_ids():
+                    # The group is there; the connector is what was not found.
+                    return _error(404, "CONNECTOR_NOT_FOUND",
+                                  f"group {group!r} has no connector {connector!r}; "
+                                  f"GET /groups/{group} lists its connectors")
+                raise
+            return JSONResponse(answer)
         return await guarded(request, handle)
 
     async def remove_members(request: Request) -> Response:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
+import socket
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -37,6 +40,49 @@ class ServerHandle:
         self.stop_requested.set()
 
 
+class ListenError(Exception):
+    """A listener could not be opened; the message names which one, where, and why."""
+
+
+def _listen_error(error: OSError, name: str, option: str, address: tuple[str, int]
+                  ) -> ListenError:
+    where = f"{address[0]}:{address[1]}"
+    if error.errno == errno.EADDRINUSE:
+        why = (f"address already in use: another program (another coordinator?) listens "
+               f"there; stop it or pick another port with {option}")
+    elif error.errno == errno.EADDRNOTAVAIL:
+        why = f"no interface of this machine has that address; fix the host in {option}"
+    elif error.errno == errno.EACCES:
+        why = f"permission denied (ports below 1024 need privileges); pick another with {option}"
+    else:
+        why = f"{error.strerror or error}; check {option}"
+    return ListenError(f"cannot open the {name} on {where}: {why}")
+
+
+async def open_kafka_listeners(address: tuple[str, int]) -> list[trio.SocketListener]:
+    try:
+        return await trio.open_tcp_listeners(address[1], host=address[0])
+    except OSError as error:
+        raise _listen_error(error, "Kafka listener", "--listen", address) from error
+
+
+def open_admin_socket(address: tuple[str, int]) -> socket.socket:
+    """The admin listener's socket, bound and listening (hypercorn serves it)."""
+    host, port = address
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # as hypercorn's own
+        sock.bind((host, port))
+        sock.listen(socket.SOMAXCONN)
+    except OSError as error:
+        sock.close()
+        raise _listen_error(error, "admin HTTP listener", "--admin-listen", address) \
+            from error
+    return sock
+
+
 def parse_address(value: str) -> tuple[str, int]:
     host, sep, port = value.rpartition(":")
     if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
@@ -65,12 +111,20 @@ async def run_server(
     pause the cyclic collector and freeze what it loaded (`LogReplayer`); library callers
     and tests leave their process's collector alone.
     """
+    # Both listeners first: a port in use stops start-up at once, before the log loads.
+    kafka_listeners = await open_kafka_listeners(listen)
+    try:
+        admin_socket = open_admin_socket(admin_listen)
+    except BaseException:
+        for listener in kafka_listeners:
+            listener.socket.close()
+        raise
     # One coordinator per data directory: a second one's appends would interleave.
     data_dir_lock: DataDirLock | None = None
-    if sink is None and data_dir is not None:
-        ensure_data_dir(data_dir)
-        data_dir_lock = DataDirLock.acquire(data_dir)
     try:
+        if sink is None and data_dir is not None:
+            ensure_data_dir(data_dir)
+            data_dir_lock = DataDirLock.acquire(data_dir)
         core = GroupCoordinator(config, load_assignors(config.server_assignors))
         metrics = Metrics(lambda: core, per_group_max=config.metrics_per_group_max,
                           data_dir=data_dir if sink is None else None)
@@ -87,7 +141,8 @@ async def run_server(
         kafka = KafkaServer(runtime, config.max_frame_bytes)
         admin_stopped = trio.Event()
         http_config = HypercornConfig()
-        http_config.bind = [f"{admin_listen[0]}:{admin_listen[1]}"]
+        # hypercorn takes over a duplicate of the bound socket (it closes what it is given).
+        http_config.bind = [f"fd://{os.dup(admin_socket.fileno())}"]
         http_config.accesslog = None
         http_config.errorlog = logging.getLogger("hypercorn.error")
         http_config.graceful_timeout = config.shutdown_timeout_ms / 1000
@@ -95,7 +150,8 @@ async def run_server(
             if log_sink is not None:
                 await nursery.start(log_sink.run)
             await nursery.start(runtime.run)
-            kafka_port = await nursery.start(kafka.serve, listen[0], listen[1])
+            kafka_port = await nursery.start(partial(kafka.serve, listen[0], listen[1],
+                                                     listeners=kafka_listeners))
             binds = await nursery.start(partial(serve_http, build_admin_app(runtime),  # type: ignore[arg-type]
                                                 http_config,
                                                 shutdown_trigger=admin_stopped.wait))
@@ -119,4 +175,7 @@ async def run_server(
     finally:
         if data_dir_lock is not None:
             data_dir_lock.release()
+        admin_socket.close()
+        for listener in kafka_listeners:
+            listener.socket.close()  # already closed when kafka.serve ran; harmless then
     log.info("stopped")

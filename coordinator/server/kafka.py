@@ -51,9 +51,13 @@ class KafkaServer:
         }
 
     async def serve(self, host: str, port: int, *,
+                    listeners: list[trio.SocketListener] | None = None,
                     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
-        """Listen until `stop_accepting`; then finish what is in flight. Reports the port."""
-        listeners = await trio.open_tcp_listeners(port, host=host)
+        """Listen until `stop_accepting`; then finish what is in flight. Reports the port.
+
+        `listeners`, when given, are already bound (to host:port); serve takes them over."""
+        if listeners is None:
+            listeners = await trio.open_tcp_listeners(port, host=host)
         bound = listeners[0].socket.getsockname()[1]
         try:
             with trio.CancelScope() as self._connections:

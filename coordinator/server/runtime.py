@@ -8,7 +8,7 @@ core never sees two operations interleave. After each call the runtime
    ones metrics follow: group epoch bumps by trigger, target installs by mode,
 3. starts ``Result.jobs`` (offloaded server assignor runs) in the worker pool,
 4. awaits ``sink.write(result.records)`` -- before the caller sends its response
-   (CONTRACT §5.11: a response that reports a change follows its durable records).
+   (docs/protocol.md, Durability: a response that reports a change follows its durable records).
 
 Time to stable: the first group epoch bump of a group that is not rebalancing yet notes the
 time (one dict entry per group); when the records of that change or a later one touch the

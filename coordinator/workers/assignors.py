@@ -8,7 +8,7 @@ what a worker advertises in its heartbeat and, for the incremental cooperative a
 memory Connect keeps in the leader between rebalances: which departed workers' units are
 held back, and until when.
 
-Delayed rebalance (seed 001, "Triggering Rebalances"): when a worker that held units is
+Delayed rebalance (Connect's incremental cooperative assignor): when a worker that held units is
 gone, its units are left unassigned for ``scheduled_rebalance_max_delay_ms`` so that it can
 come back (same worker url) and take them again. Nothing else would make the coordinator
 run the assignor again when the delay ends, so the assignor changes the ``Reason`` of the

@@ -1,8 +1,8 @@
 """A Connect worker's side of the protocol, sans-IO: responses in, requests and actions out.
 
 :class:`WorkerState` knows nothing of sockets or clocks: the caller passes ``now_ms`` and
-carries out the :class:`Actions` it gets back. The rules (seed 001 "Response Handling" and
-"Rebalance Process", CONTRACT §5):
+carries out the :class:`Actions` it gets back. The rules (docs/protocol.md, "Heartbeats",
+"Reconciliation" and "Errors"):
 
 * Join with epoch 0 and every field; afterwards send only the fields that changed since
   the last heartbeat the coordinator answered, and every field again after any error.
@@ -298,7 +298,7 @@ class WorkerState:
             self.assignment_error = assignment.error
             self.assignment_version = assignment.version
             self.assignment_metadata = assignment.metadata
-        # After a revocation, acknowledge at once (seed 001 "Response Handling" 3).
+        # After a revocation, acknowledge at once (docs/protocol.md, "Reconciliation" 2).
         self._next_heartbeat_ms = now_ms if stop else now_ms + self.heartbeat_interval_ms
         compute = code == ErrorCode.COMPUTE_ASSIGNMENT or self._retry_compute
         self._retry_compute = False
@@ -384,7 +384,7 @@ class WorkerState:
         code = _code(response.error_code)
         if code != ErrorCode.NONE:
             self.last_error = (code, response.error_message)
-            # Seed 001: FENCED_MEMBER_EPOCH means retry with the epoch of the next heartbeat.
+            # The protocol: FENCED_MEMBER_EPOCH means retry with the epoch of the next heartbeat.
             self._retry_compute = code == ErrorCode.FENCED_MEMBER_EPOCH
             return None
         view = GroupView.from_prepare(response)

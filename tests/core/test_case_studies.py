@@ -1,7 +1,7 @@
-"""Seed 001's case studies, run against the core with client-side assignment.
+"""The Connect rebalance design's case studies, run against the core with client-side assignment.
 
-Connectors: A with tasks 0, 1 and B with task 0 (the seed's AC0, AT1, AT2, BC0, BT1).
-Epochs are higher than the seed's: epoch 1 is reserved (CONTRACT §5.2) and creating each
+Connectors: A with tasks 0, 1 and B with task 0 (the design's AC0, AT1, AT2, BC0, BT1).
+Epochs are higher than the design's: epoch 1 is reserved (docs/protocol.md) and creating each
 connector through the admin API is a change of its own.
 """
 
@@ -106,7 +106,7 @@ def test_w2_joins() -> None:
 
 
 def three_workers() -> Context:
-    """W1 [A, A-0], W2 [B, B-0], W3 [A-1], all stable (the seed's epoch-35 set-up)."""
+    """W1 [A, A-0], W2 [B, B-0], W3 [A-1], all stable (the design's epoch-35 set-up)."""
     ctx = new_group()
     w1_joins(ctx)
     ctx.join(G, "W2")

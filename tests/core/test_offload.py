@@ -1,4 +1,4 @@
-"""Seed 004 in the core: offloaded assignor runs, one in flight per group, missed changes."""
+"""Offloaded assignor runs in the core: batched, one in flight per group, missed changes."""
 
 from __future__ import annotations
 

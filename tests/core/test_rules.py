@@ -1,4 +1,4 @@
-"""Every validation rule and error code of CONTRACT §4–5, against the core."""
+"""Every validation rule and error code of the protocol (docs/protocol.md), against the core."""
 
 from __future__ import annotations
 
@@ -152,7 +152,7 @@ def new_target_where_w1_keeps_its_units() -> tuple[Context, Any]:
 
 
 def test_assignment_is_sent_when_it_changed_not_with_every_new_epoch() -> None:
-    """CONTRACT §5.6: a worker moved to a new target epoch with the units it runs is told
+    """A worker moved to a new target epoch with the units it runs is told
     the epoch only; one that is given other units is told them."""
     ctx, view = new_target_where_w1_keeps_its_units()
     response = ctx.heartbeat(G, "w1", view.member_epoch)
@@ -432,7 +432,7 @@ def test_server_side_round_robin_end_to_end() -> None:
     ctx.put_connector(G, "A", 3)
     r1 = ctx.join(G, "w1", server_assignor="round-robin")
     assert r1.error_code == ErrorCode.NONE
-    # The run is offloaded (seed 004): the target is there on the next heartbeat.
+    # The run is offloaded: the target is there on the next heartbeat.
     assert r1.member_epoch == 1 and wire_units(r1.assignment.assigned) == frozenset()
     r1 = ctx.heartbeat(G, "w1", 1)
     assert wire_units(r1.assignment.assigned) == units("A", "A-0", "A-1", "A-2")

@@ -1,4 +1,5 @@
-"""Golden bytes written by hand from CONTRACT §1-3, checked against the encoders and decoders.
+"""Golden bytes written by hand from the message definitions (docs/protocol.md), checked
+against the encoders and decoders.
 
 Notation used in the comments (KRPC flexible encoding):
 - compact string / bytes = uvarint(length + 1) then the UTF-8 bytes; a null one is 0x00;

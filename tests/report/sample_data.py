@@ -36,8 +36,8 @@ def metric_samples() -> list[Sample]:
         for bound, count in zip(LATENCY_BOUNDS, cumulative, strict=True):
             add("request_duration_seconds_bucket", count, api="ConnectGroupHeartbeat", le=bound)
         add("request_duration_seconds_count", heartbeats, api="ConnectGroupHeartbeat")
-        # One rebalance per 90 s (join): 3 over 270 s = 40 per hour.
-        add("rebalances_total", float(index // 3), trigger="join")
+        # One rebalance per 90 s (a worker joining): 3 over 270 s = 0.667 a minute.
+        add("rebalances_total", float(index // 3), trigger="member_joined")
         # Every rebalance took between 1 and 2 s.
         add("time_to_stable_seconds_bucket", 0.0, le="1.0")
         add("time_to_stable_seconds_bucket", float(index // 3), le="2.0")
@@ -62,7 +62,8 @@ EXPECTED: dict[str, float] = {
     "recording length": 270.0,  # 9 intervals of 30 s
     "heartbeats per second": 12.0,  # 12 * 270 / 270
     "requests per second": 12.1,  # 12 + 27 / 270
-    "rebalances per hour": 40.0,  # 3 / 270 s * 3600
+    "rebalances": 3.0,
+    "rebalances per minute": 3 / 4.5,  # 3 in 270 s = 4.5 min
     # Ranks: p50 of 3240 = 1620 = the whole first bucket (0.5 ms).
     "heartbeat latency p50": 0.5,
     # p99 rank 3207.6 in (2430, 3240] of (1 ms, 5 ms]: 1 + 4 * 777.6 / 810 = 4.84 ms.
@@ -71,7 +72,7 @@ EXPECTED: dict[str, float] = {
     "CPU used (mean)": 0.06,  # 16.2 CPU s / 270 s
     # 0.06 cores / 12 heartbeats/s * 1000
     "CPU seconds per 1,000 heartbeats": 5.0,
-    "log growth per hour": 43_200.0,
+    "log growth per minute": 720.0,  # 12 bytes/s
     "members (mean over recording)": 6.0,
     "groups (mean over recording)": 2.0,
     "records written per second": 2.0,

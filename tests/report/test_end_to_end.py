@@ -1,4 +1,4 @@
-"""The README's "See it work", end to end: a coordinator subprocess, a chaos run of the
+"""The README's "Report on a run", end to end: a coordinator subprocess, a chaos run of the
 simulator with the metrics recorder beside it (docs/simulate-and-record.sh), the capacity
 report from what they recorded, and the page opened in headless Chromium.
 
@@ -139,10 +139,24 @@ class Coordinator:
             raise
 
 
+CHAOS = ["--chaos", "kill,bounce", "--chaos-interval", "2", "--downtime", "0.5"]
+
+
 @pytest.fixture(scope="module")
 def run(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     """The README's three steps against a coordinator subprocess; the report's outputs."""
-    root = tmp_path_factory.mktemp("end-to-end")
+    yield from record_and_report(tmp_path_factory.mktemp("end-to-end"), CHAOS)
+
+
+@pytest.fixture(scope="module")
+def steady_run(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
+    """The same with no chaos: the workers join, then only heartbeat."""
+    yield from record_and_report(tmp_path_factory.mktemp("end-to-end-steady"), [],
+                                 min_steady_seconds=5)
+
+
+def record_and_report(root: Path, chaos: list[str],
+                      min_steady_seconds: float | None = None) -> Iterator[Run]:
     cli = Path(sys.executable).parent / "connect-coordinator"
     assert cli.exists(), f"{cli} is missing: install the project (make install)"
     seconds: dict[str, float] = {}
@@ -158,8 +172,7 @@ def run(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
              "--bootstrap", f"127.0.0.1:{coordinator.kafka_port}", "--group", GROUP,
              "--workers", str(WORKERS), "--connectors", str(CONNECTORS),
              "--tasks-per-connector", str(TASKS_PER_CONNECTOR), "--duration", "8",
-             "--chaos", "kill,bounce", "--chaos-interval", "2", "--downtime", "0.5",
-             "--rebalance-delay-ms", "1000", "--seed", "3", "--quiet"],
+             *chaos, "--rebalance-delay-ms", "1000", "--seed", "3", "--quiet"],
             cwd=ROOT, capture_output=True, text=True, timeout=120,
             env={**local_env(), "ADMIN_URL": coordinator.admin_url,
                  "DATA_DIR": str(coordinator.data_dir), "SCRAPE_INTERVAL": "0.5",
@@ -173,9 +186,13 @@ def run(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     began = time.monotonic()
     out = root / "report"
     # The shared session is active, so main() reuses it (and leaves it running).
-    assert job.main(["--metrics", str(root / "run" / "metrics"),
-                     "--snapshot", str(root / "run" / "snapshot.parquet"),
-                     "--out", str(out), "--master", "local[1]"]) == 0
+    options = ["--metrics", str(root / "run" / "metrics"),
+               "--snapshot", str(root / "run" / "snapshot.parquet"),
+               "--simulation", str(root / "run" / "simulation.json"),
+               "--out", str(out), "--master", "local[1]"]
+    if min_steady_seconds is not None:
+        options += ["--min-steady-seconds", str(min_steady_seconds)]
+    assert job.main(options) == 0
     seconds["report"] = time.monotonic() - began
     yield Run(out=out, report=out / "index.html",
               simulation=json.loads((root / "run" / "simulation.json").read_text()),
@@ -221,7 +238,7 @@ def test_snapshot_figures_are_the_configured_cluster(run: Run) -> None:
 
 def test_metric_figures_follow_from_the_run(run: Run) -> None:
     assert value(run, "heartbeats per second") > 0
-    assert value(run, "rebalances per hour") > 0
+    assert value(run, "rebalances") > 0
     assert 0 < value(run, "members (mean over recording)") <= WORKERS
     assert value(run, "CPU used (mean)") > 0
     assert value(run, "time to stable p50") >= 0
@@ -239,6 +256,43 @@ def test_metric_figures_follow_from_the_run(run: Run) -> None:
     members = [row["value"] for row in rows(run, "members_groups_over_time")
                if row["metric"] == "connect_coordinator_members" and row["value"] is not None]
     assert max(members) == pytest.approx(WORKERS)
+
+
+def test_the_headline_of_the_chaos_run_gives_no_capacity_figure(run: Run) -> None:
+    headline = run.figures["headline"]
+    assert headline["kind"] == "disturbed", headline
+    assert headline["text"].startswith(f"{WORKERS} workers ran for ")
+    assert "no capacity figure" in headline["text"]
+    kinds = sorted({d["kind"] for d in run.simulation["disruptions"]})
+    disrupted = next(r for r in headline["reasons"] if r.startswith("the simulator"))
+    assert f"{len(run.simulation['disruptions'])} times" in disrupted
+    for kind in kinds:
+        assert kind in disrupted
+    # no table says otherwise: the summary's capacity rows are withheld
+    for name, entry in run.figures["summary"].items():
+        if name.startswith("capacity:"):
+            assert entry["status"] == "missing", (name, entry)
+            assert "no capacity figure for this run (disturbed)" in entry["missing_reason"]
+    # the simulator's results are in the report
+    assert value(run, "disruptions (simulation)") == len(run.simulation["disruptions"])
+    assert value(run, "units run on two workers (simulation)") == 0
+
+
+def test_the_headline_of_a_steady_run_covers_what_ran(steady_run: Run) -> None:
+    assert steady_run.simulation["disruptions"] == []
+    headline = steady_run.figures["headline"]
+    assert headline["kind"] in ("capacity", "over_budget"), headline
+    assert headline["text"].startswith(f"{WORKERS} workers ran for ")
+    assert headline["reasons"] == []
+    capacity = steady_run.figures["capacity"]
+    if headline["kind"] == "capacity":  # a maximum, never below what ran
+        assert capacity["max_members"] >= WORKERS
+        fit = int(capacity["max_members"])
+        assert f"about {fit:,} workers fit ({fit - WORKERS:,} more than ran)" \
+            in headline["text"]
+    else:
+        assert capacity["max_members"] < WORKERS
+        assert "no headroom" in headline["text"]
 
 
 # ---------------------------------------------------------------------------- the page

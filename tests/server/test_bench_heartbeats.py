@@ -95,7 +95,7 @@ def test_assignor_load_is_reported_side_by_side(capsys: pytest.CaptureFixture[st
 
 
 def check_in_flight(report: dict[str, Any]) -> None:
-    """The in-flight window (issue 4's target as written) is reported next to the rest."""
+    """The in-flight window (the in-flight target as written) is reported next to the rest."""
     flight = report["in_flight"]
     assert flight["runs"] > 0 and flight["puts"] > 0
     assert 0 < flight["in_flight_share"] < 1  # runs were in flight, but not all the time

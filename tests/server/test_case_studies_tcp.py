@@ -1,4 +1,5 @@
-"""Seed 001's first two case studies over real TCP against a running server.
+"""The first two case studies of the Connect rebalance design over real TCP against a
+running server.
 
 Two workers join with a client-side assignor; the one the coordinator chooses computes
 the assignment (Prepare, Install); revocation comes before assignment. Checked through

@@ -128,7 +128,7 @@ def test_eager_assignor_metadata_is_version_0() -> None:
 
 
 def three_workers(assignor: IncrementalCooperativeAssignor) -> None:
-    """Seed 001's epoch-35 set-up, installed by `assignor`: W1 [A, A-0], W2 [B, B-0], W3 [A-1]."""
+    """The design's epoch-35 set-up, installed by `assignor`: W1 [A, A-0], W2 [B, B-0], W3 [A-1]."""
     start = {"W1": units("A", "A-0"), "W2": units("B", "B-0"), "W3": units("A-1")}
     plan = assignor.assign(view(ALL, start), 0, LEADER)
     assert {mid: part.units for mid, part in plan.members.items()} == start

@@ -1,6 +1,6 @@
-"""Seed 001's case studies, played by sans-IO workers against the real core.
+"""The Connect rebalance design's case studies, played by sans-IO workers against the real core.
 
-Connectors A (tasks 0, 1) and B (task 0): the seed's AC0, AT1, AT2, BC0, BT1. Every worker
+Connectors A (tasks 0, 1) and B (task 0): the design's AC0, AT1, AT2, BC0, BT1. Every worker
 offers the incremental cooperative assignor; the coordinator chooses W1 (the first id whose
 version range covers everyone's) to compute assignments.
 """
@@ -62,7 +62,7 @@ def test_w2_joins() -> None:
 
 
 def seed_35(cluster: Cluster) -> None:
-    """W1, W2, W3 stable, as in the seed's 'Worker Leaving' starting point."""
+    """W1, W2, W3 stable, as in the design's 'Worker Leaving' starting point."""
     cluster.add("W1")
     cluster.run(3_000)
     cluster.add("W2")
