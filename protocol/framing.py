@@ -39,6 +39,7 @@ from kio.static.primitive import i16, i32, i32Timedelta
 
 from protocol._codec import INT16, INT32, EntityDecodeError, read_entity, write_entity
 from protocol.errors import ErrorCode
+from protocol.guard import LimitExceeded, Limits, WalkError, check_request, request_header_end
 from protocol.messages import (
     ConnectGroupDescribeRequest,
     ConnectGroupDescribeResponse,
@@ -134,6 +135,8 @@ RESPONSE_CLASSES: dict[tuple[int, int], type[ResponseBody]] = {
 }
 """(API key, version) -> response class."""
 
+NO_LIMITS: Limits = {}
+
 # api_key, api_version, correlation_id: the part of every request header we can read
 # before knowing which header version the request uses.
 _FIXED_HEADER_BYTES = 8
@@ -165,6 +168,25 @@ class FrameTooLarge(FrameError):
 
 class MalformedRequest(ProtocolError):
     """A request whose header or body does not parse, or that has trailing bytes."""
+
+
+class MalformedBody(MalformedRequest):
+    """A request whose header parsed but whose body does not have its schema's shape.
+
+    The frame boundary is intact, so the server answers INVALID_REQUEST (it knows the API,
+    version and correlation id) and keeps the connection.
+    """
+
+    def __init__(self, message: str, api_key: int, api_version: int,
+                 correlation_id: int) -> None:
+        super().__init__(message)
+        self.api_key = api_key
+        self.api_version = api_version
+        self.correlation_id = correlation_id
+
+
+class RequestOverLimit(MalformedBody):
+    """A request with an array over a configured limit (the message names its key)."""
 
 
 class MalformedResponse(ProtocolError):
@@ -301,11 +323,14 @@ class DecodedRequest:
     body: RequestBody
 
 
-def decode_request(frame: bytes) -> DecodedRequest:
+def decode_request(frame: bytes, limits: Limits = NO_LIMITS) -> DecodedRequest:
     """Parse one request frame (without its size prefix).
 
-    Raises UnsupportedApi for an API key or version not in SUPPORTED_APIS, MalformedRequest
-    for a header or body that does not parse or for bytes left over after the body.
+    The frame is walked first (protocol/guard.py): lengths checked against the bytes
+    there, unknown tagged fields dropped, `limits` applied to its arrays. Raises
+    UnsupportedApi for an API key or version not in SUPPORTED_APIS, MalformedRequest for a
+    header that does not parse, MalformedBody for a body that does not (or bytes left over
+    after it), RequestOverLimit for an array over its limit. Nothing else.
     """
     if len(frame) < _FIXED_HEADER_BYTES:
         raise MalformedRequest(
@@ -317,18 +342,30 @@ def decode_request(frame: bytes) -> DecodedRequest:
     body_type = REQUEST_CLASSES.get((api_key, api_version))
     if body_type is None:
         raise UnsupportedApi(api_key, api_version, correlation_id)
+    header_type = _request_header_type(api_key, api_version)
+    flexible = header_type is RequestHeaderV2
     try:
-        header, offset = read_entity(_request_header_type(api_key, api_version), frame, 0)
-    except EntityDecodeError as error:
-        raise MalformedRequest(f"bad request header: {error}") from error
+        body_offset, header_tagged = request_header_end(frame, flexible)
+    except WalkError as error:
+        raise MalformedRequest(f"bad request header: {error}") from None
+    what = f"{body_type.__name__} v{api_version}"
     try:
+        frame = check_request(frame, body_type, body_offset, header_tagged, limits)
+    except LimitExceeded as error:
+        raise RequestOverLimit(f"{what}: {error}", api_key, api_version,
+                               correlation_id) from None
+    except WalkError as error:
+        raise MalformedBody(f"bad {what} body: {error}", api_key, api_version,
+                            correlation_id) from None
+    try:
+        header, offset = read_entity(header_type, frame, 0)
         body, end = read_entity(body_type, frame, offset)
-    except EntityDecodeError as error:
-        raise MalformedRequest(f"bad {body_type.__name__} v{api_version} body: {error}") from error
-    if end != len(frame):
-        raise MalformedRequest(
-            f"{len(frame) - end} trailing bytes after the {body_type.__name__} v{api_version} body"
-        )
+    except EntityDecodeError as error:  # e.g. a string that is not UTF-8
+        raise MalformedBody(f"bad {what} body: {error}", api_key, api_version,
+                            correlation_id) from None
+    if end != len(frame):  # pragma: no cover - the walk checked this
+        raise MalformedBody(f"{len(frame) - end} trailing bytes after the {what} body",
+                            api_key, api_version, correlation_id)
     return DecodedRequest(api_key, api_version, correlation_id, header.client_id, body)
 
 
