@@ -16,7 +16,7 @@ from __future__ import annotations
 import datetime
 import io
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import MISSING, dataclass, fields, is_dataclass
 from typing import Any, TypeAlias, get_args, get_origin
 
@@ -323,14 +323,15 @@ class DecodedRequest:
     body: RequestBody
 
 
-def decode_request(frame: bytes, limits: Limits = NO_LIMITS) -> DecodedRequest:
+def decode_request(frame: bytes, limits: Mapping[int, Limits] | None = None) -> DecodedRequest:
     """Parse one request frame (without its size prefix).
 
     The frame is walked first (protocol/guard.py): lengths checked against the bytes
     there, unknown tagged fields dropped, `limits` applied to its arrays. Raises
     UnsupportedApi for an API key or version not in SUPPORTED_APIS, MalformedRequest for a
     header that does not parse, MalformedBody for a body that does not (or bytes left over
-    after it), RequestOverLimit for an array over its limit. Nothing else.
+    after it), RequestOverLimit for an array over its limit (`limits`: API key -> the
+    array limits of its requests). Nothing else.
     """
     if len(frame) < _FIXED_HEADER_BYTES:
         raise MalformedRequest(
@@ -350,7 +351,8 @@ def decode_request(frame: bytes, limits: Limits = NO_LIMITS) -> DecodedRequest:
         raise MalformedRequest(f"bad request header: {error}") from None
     what = f"{body_type.__name__} v{api_version}"
     try:
-        frame = check_request(frame, body_type, body_offset, header_tagged, limits)
+        frame = check_request(frame, body_type, body_offset, header_tagged,
+                              NO_LIMITS if limits is None else limits.get(api_key, NO_LIMITS))
     except LimitExceeded as error:
         raise RequestOverLimit(f"{what}: {error}", api_key, api_version,
                                correlation_id) from None

@@ -82,6 +82,8 @@ from coordinator.core.validation import (
     LEAVE_EPOCH,
     STATIC_LEAVE_EPOCH,
     CheckedInstall,
+    check_group_count,
+    check_group_units,
     invalid,
     validate_assignment_caller,
     validate_heartbeat,
@@ -362,6 +364,7 @@ class GroupCoordinator:
         )
 
     def _create_group(self, group_id: str, change: _Change) -> Group:
+        check_group_count(len(self.store.groups), self.config.max_groups)
         change.write(group_metadata_record(group_id, INITIAL_EPOCH))
         change.write(target_metadata_record(group_id, INITIAL_EPOCH, 0, None, -1, b""))
         group = self.store.groups[group_id]
@@ -1432,6 +1435,9 @@ class GroupCoordinator:
             raise invalid("connector name must be non-empty")
         if isinstance(tasks, bool) or not isinstance(tasks, int) or not 0 <= tasks <= 100_000:
             raise invalid(f"tasks must be an integer between 0 and 100000, got {tasks!r}")
+        existing = self.store.groups.get(group_id)
+        check_group_units(existing.connectors if existing is not None else {}, connector,
+                          tasks, self.config.max_group_units)
         change = _Change(self.store)
         group = self._group_or_create(group_id, change)
         changed = group.connectors.get(connector) != tasks

@@ -1,11 +1,13 @@
 """Request validation: seed 001's rules and CONTRACT §5.3, each with its own message.
 
 Every function raises ApiError(INVALID_REQUEST, message naming the rule) on the first
-broken rule and returns nothing otherwise. They look only at the request, never at state.
+broken rule and returns nothing otherwise. They look only at the request (and, for the
+limits at the end, at the counts they are given), never at state.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -164,3 +166,24 @@ def check_install(request: Any) -> CheckedInstall | None:
         every |= units
         listed += len(units)
     return CheckedInstall(request, parts, frozenset(every), len(every) != listed)
+
+
+# -- limits (their keys are public: README "Limits") ---------------------------------------
+
+
+def check_group_count(groups: int, maximum: int) -> None:
+    """A new group may be created while fewer than `maximum` exist."""
+    if groups >= maximum:
+        raise invalid(f"the coordinator holds {groups} groups, its limit "
+                      f"(group.coordinator.max.groups): no new group can be created")
+
+
+def check_group_units(connectors: Mapping[str, int], connector: str, tasks: int,
+                      maximum: int) -> None:
+    """Setting `connector` to `tasks` tasks keeps the group within `maximum` units (a
+    connector is one unit, each of its tasks another)."""
+    total = sum(1 + count for name, count in connectors.items() if name != connector)
+    total += 1 + tasks
+    if total > maximum:
+        raise invalid(f"the group would run {total} connectors and tasks, above its limit "
+                      f"of {maximum} (group.connect.max.units)")

@@ -7,6 +7,7 @@ the records are made durable before the answer. Bad input gets a 4xx with a JSON
 
 from __future__ import annotations
 
+from contextlib import aclosing
 from typing import Any
 
 import msgspec
@@ -15,6 +16,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from coordinator.config import FIELD_KEYS
+from coordinator.server.limits import too_long
 from coordinator.server.runtime import NotDurable, Runtime
 from coordinator.units import CONNECTOR, format_unit
 from protocol.errors import ApiError, ErrorCode
@@ -87,18 +90,61 @@ def group_view(runtime: Runtime, group_id: str) -> dict[str, Any]:
     }
 
 
+class BodyTooLarge(Exception):
+    """An admin request body over server.admin.max.body.bytes."""
+
+
 def build_admin_app(runtime: Runtime) -> Starlette:
+    config = runtime.config
+    id_key = FIELD_KEYS["max_id_bytes"]
+
+    def check_path(request: Request) -> None:
+        """Group ids and connector names in the path are held to the id limit."""
+        for name, what in (("group", "group id"), ("connector", "connector name")):
+            value = request.path_params.get(name)
+            problem = too_long(what, value, config.max_id_bytes, id_key)
+            if problem is not None:
+                raise ApiError(ErrorCode.INVALID_REQUEST, problem)
+
     async def guarded(request: Request, handler: Any) -> Response:
         try:
+            check_path(request)
             return await handler(request)  # type: ignore[no-any-return]
+        except BodyTooLarge as error:
+            return _error(413, "BODY_TOO_LARGE", str(error))
         except ApiError as error:
             return _error(STATUS_BY_CODE.get(error.code, 400), error.code.name, error.message)
         except NotDurable:
             return _error(503, "COORDINATOR_NOT_AVAILABLE",
                           "the change could not be written to the log; retry")
 
+    max_body = runtime.config.admin_max_body_bytes
+    body_key = FIELD_KEYS["admin_max_body_bytes"]
+
+    async def read_body(request: Request) -> bytes:
+        """The body, read as it streams in and refused once over the limit."""
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > max_body:
+            raise BodyTooLarge(f"the body of {declared} bytes is over the limit of "
+                               f"{max_body} ({body_key})")
+        chunks: list[bytes] = []
+        size = 0
+        async with aclosing(request.stream()) as stream:
+            async for chunk in stream:
+                size += len(chunk)
+                if size > max_body:
+                    raise BodyTooLarge(f"the body is over the limit of {max_body} bytes "
+                                       f"({body_key})")
+                chunks.append(chunk)
+        return b"".join(chunks)
+
     async def body_of(request: Request, kind: type[Any]) -> Any:
-        raw = await request.body()
+        raw = await read_body(request)
+        try:
+            raw.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise ApiError(ErrorCode.INVALID_REQUEST,
+                           f"body is not valid UTF-8 (byte {error.start})") from None
         try:
             return msgspec.json.decode(raw, type=kind)
         except msgspec.ValidationError as error:

@@ -88,7 +88,7 @@ async def run_server(
         runtime = Runtime(core, config, sink, clock, loader=loader, metrics=metrics)
         if log_sink is not None:
             log_sink.on_failure = runtime.roll_back_writes
-        kafka = KafkaServer(runtime, config.max_frame_bytes)
+        kafka = KafkaServer(runtime)
         admin_stopped = trio.Event()
         http_config = HypercornConfig()
         http_config.bind = [f"{admin_listen[0]}:{admin_listen[1]}"]
