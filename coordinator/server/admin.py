@@ -111,7 +111,10 @@ def build_admin_app(runtime: Runtime) -> Starlette:
             check_path(request)
             return await handler(request)  # type: ignore[no-any-return]
         except BodyTooLarge as error:
-            return _error(413, "BODY_TOO_LARGE", str(error))
+            # The rest of the body is never read: the connection cannot be reused.
+            response = _error(413, "BODY_TOO_LARGE", str(error))
+            response.headers["connection"] = "close"
+            return response
         except ApiError as error:
             return _error(STATUS_BY_CODE.get(error.code, 400), error.code.name, error.message)
         except NotDurable:

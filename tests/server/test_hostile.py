@@ -194,7 +194,7 @@ def test_an_id_too_long_for_a_record_is_invalid_not_unavailable(server: ServerPr
 def test_null_for_a_non_nullable_array_is_invalid_without_a_traceback(
         server: ServerProcess) -> None:
     with RawConnection(server.kafka_port) as connection:
-        peer = "127.0.0.1:%d" % connection.sock.getsockname()[1]
+        peer = f"127.0.0.1:{connection.sock.getsockname()[1]}"
         for _ in range(200):
             connection.send(hostile.null_group_ids())
         answers = [connection.answer() for _ in range(200)]
