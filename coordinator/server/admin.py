@@ -177,11 +177,14 @@ def build_admin_app(runtime: Runtime) -> Starlette:
         async def handle(request: Request) -> Response:
             require_ready()
             groups = []
-            for group_id in runtime.core.group_ids():
-                view = group_view(runtime, group_id)
-                groups.append({key: view[key] for key in (
-                    "group_id", "state", "group_epoch", "assignment_epoch", "assignor")}
-                    | {"members": len(view["members"])})
+            for group_id in runtime.core.group_ids():  # a summary: no member's units
+                taken = runtime.core.describe_snapshot(group_id)
+                if isinstance(taken, tuple):
+                    continue
+                groups.append({"group_id": taken.group_id, "state": taken.state,
+                               "group_epoch": taken.epoch,
+                               "assignment_epoch": taken.assignment_epoch,
+                               "assignor": taken.assignor, "members": len(taken.members)})
             return JSONResponse({"groups": groups})
         return await guarded(request, handle)
 

@@ -126,7 +126,7 @@ def describe_answer_bytes(core: GroupCoordinator, group_ids: Iterable[str],
         total += _GROUP_OVERHEAD + len(group_id)
         group = groups.get(group_id)
         if group is not None:
-            total += 2 * _units_bytes(group.connectors)  # the group's, and its targets
+            total += 3 * _units_bytes(group.connectors)  # the group's, targets, assigned
             for member_id, member in group.members.items():
                 metadata = member.metadata
                 total += _MEMBER_OVERHEAD + len(member_id)
