@@ -19,7 +19,8 @@ EPILOG = """\
 commands:
   serve      run the coordinator (KRPC listener, admin HTTP API, durable log)
   describe   show groups, their epochs and members' assignments
-  bench      benchmarks: codec | core | heartbeats | assignor | install | log | replay
+  bench      benchmarks: codec | core | heartbeats | assignor | install | log | replay |
+             hostile
   log        log tools: check | dump | compact | snapshot
   simulate   fake Connect workers under chaos, checked for units run twice
   metrics    record /metrics scrapes (or a Prometheus range) as Parquet
@@ -100,6 +101,7 @@ BENCHES: dict[str, str] = {
     "log": "coordinator.log.bench",
     "replay": "coordinator.replay_bench",
     "install": "coordinator.server.bench_install",
+    "hostile": "coordinator.server.bench_hostile",
 }
 
 

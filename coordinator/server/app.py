@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -25,6 +26,7 @@ from coordinator.server.runtime import Clock, RecordSink, Runtime
 from coordinator.storage import LogReplayer, LogSink, compact_periodically, ensure_data_dir
 
 log = structlog.get_logger("connect_coordinator")
+SWITCH_INTERVAL_S = 0.0005
 
 
 @dataclass
@@ -69,6 +71,9 @@ async def run_server(
     if tune_process:
         memory.tune_collector()
         scheduling.request_short_slice()  # this is the event loop's thread
+        # A thread decoding a large request or building a large describe holds the GIL
+        # for up to this long before the loop gets it back (default 5 ms).
+        sys.setswitchinterval(SWITCH_INTERVAL_S)
     # One coordinator per data directory: a second one's appends would interleave.
     data_dir_lock: DataDirLock | None = None
     if sink is None and data_dir is not None:

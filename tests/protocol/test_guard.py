@@ -139,3 +139,12 @@ def test_arrays_sharing_a_counter_add_up() -> None:
                                         owned_connectors_and_tasks=owned)
     with pytest.raises(RequestOverLimit, match="group.connect.max.owned.units"):
         decode_request(_frame(1000, 0, body), limits)
+
+
+def test_a_section_of_too_many_tagged_fields_is_refused() -> None:
+    from protocol.guard import MAX_TAGGED_FIELDS
+    frame = _frame(1003, 0, ConnectGroupDescribeRequest(group_ids=("g",)))
+    fields = [(tag, b"") for tag in range(MAX_TAGGED_FIELDS + 1)]
+    with pytest.raises(MalformedBody, match="tagged fields, more than"):
+        decode_request(frame[:-1] + _tagged(fields))
+    assert decode_request(frame[:-1] + _tagged(fields[:-1])).body.group_ids == ("g",)
