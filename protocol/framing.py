@@ -238,6 +238,13 @@ class FrameBuffer:
         """Bytes received but not yet part of a complete frame."""
         return len(self._buffer)
 
+    @property
+    def missing_bytes(self) -> int:
+        """Bytes still to come for the frame being read (0 if its size is not known yet)."""
+        if self._body_size is None:
+            return 0
+        return max(0, self._body_size - len(self._buffer))
+
     def feed(self, data: bytes | bytearray | memoryview) -> None:
         if self._error is not None:
             raise self._error

@@ -59,6 +59,7 @@ T = TypeVar("T")
 log = structlog.get_logger("connect_coordinator.kafka")
 HEARTBEAT, PREPARE, INSTALL, DESCRIBE = 1000, 1001, 1002, 1003
 RECEIVE_BYTES = 65536
+LARGE_RECEIVE_BYTES = 1024 * 1024
 # Frames above this are walked and decoded in a background thread (a frame of a few MB
 # takes tens of milliseconds), so that heartbeats are answered meanwhile.
 OFFLOAD_DECODE_BYTES = 64 * 1024
@@ -241,7 +242,9 @@ class KafkaServer:
                 deadline, reason = last_answer + idle_timeout_s, "idle_timeout"
             data: bytes | bytearray | None = None
             with trio.move_on_at(deadline):
-                data = await stream.receive_some(RECEIVE_BYTES)
+                # A large frame is read in large steps: fewer turns of the loop for it.
+                data = await stream.receive_some(
+                    min(max(RECEIVE_BYTES, frames.missing_bytes), LARGE_RECEIVE_BYTES))
             if data is None:
                 metrics.reject(reason)
                 key = ("connection_read_timeout_ms" if reason == "read_timeout"
