@@ -17,7 +17,7 @@ import datetime
 import io
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import MISSING, dataclass, fields, is_dataclass
+from dataclasses import MISSING, dataclass, fields, is_dataclass, replace
 from typing import Any, TypeAlias, get_args, get_origin
 
 import kio.schema.api_versions.v0 as api_versions_v0
@@ -39,7 +39,14 @@ from kio.static.primitive import i16, i32, i32Timedelta
 
 from protocol._codec import INT16, INT32, EntityDecodeError, read_entity, write_entity
 from protocol.errors import ErrorCode
-from protocol.guard import LimitExceeded, Limits, WalkError, check_request, request_header_end
+from protocol.guard import (
+    SPLIT_ARRAYS,
+    LimitExceeded,
+    Limits,
+    WalkError,
+    check_request,
+    request_header_end,
+)
 from protocol.messages import (
     ConnectGroupDescribeRequest,
     ConnectGroupDescribeResponse,
@@ -358,8 +365,9 @@ def decode_request(frame: bytes, limits: Mapping[int, Limits] | None = None) -> 
         raise MalformedRequest(f"bad request header: {error}") from None
     what = f"{body_type.__name__} v{api_version}"
     try:
-        frame = check_request(frame, body_type, body_offset, header_tagged,
-                              NO_LIMITS if limits is None else limits.get(api_key, NO_LIMITS))
+        frame, marks = check_request(frame, body_type, body_offset, header_tagged,
+                                     NO_LIMITS if limits is None
+                                     else limits.get(api_key, NO_LIMITS))
     except LimitExceeded as error:
         raise RequestOverLimit(f"{what}: {error}", api_key, api_version,
                                correlation_id) from None
@@ -368,6 +376,9 @@ def decode_request(frame: bytes, limits: Mapping[int, Limits] | None = None) -> 
                             correlation_id) from None
     try:
         header, offset = read_entity(header_type, frame, 0)
+        if len(marks) > SPLIT_ELEMENTS:
+            return DecodedRequest(api_key, api_version, correlation_id, header.client_id,
+                                  _read_split(body_type, frame, offset, marks))
         body, end = read_entity(body_type, frame, offset)
     except EntityDecodeError as error:  # e.g. a string that is not UTF-8
         raise MalformedBody(f"bad {what} body: {error}", api_key, api_version,
@@ -376,6 +387,35 @@ def decode_request(frame: bytes, limits: Mapping[int, Limits] | None = None) -> 
         raise MalformedBody(f"{len(frame) - end} trailing bytes after the {what} body",
                             api_key, api_version, correlation_id)
     return DecodedRequest(api_key, api_version, correlation_id, header.client_id, body)
+
+
+# Arrays of more elements than this (of SPLIT_ARRAYS) are decoded an element at a time.
+SPLIT_ELEMENTS = 64
+
+
+def _read_split(body_type: type[Any], frame: bytes, offset: int, marks: list[int]) -> Any:
+    """A body whose split array is read an element at a time (each a short native call,
+    so another thread may take the GIL between them), the rest as a shell with the array
+    empty."""
+    array_start, elements, array_end = marks[0], marks[1:-1], marks[-1]
+    shell_frame = frame[:array_start] + b"\x01" + frame[array_end:]  # compact: 0 elements
+    shell, end = read_entity(body_type, shell_frame, offset)
+    if end != len(shell_frame):  # pragma: no cover - the walk checked this
+        raise EntityDecodeError("trailing bytes after the split body")
+    (field_name, element_type), = _split_fields(body_type)
+    items = []
+    for start in elements:
+        item, _ = read_entity(element_type, frame, start)
+        items.append(item)
+    return replace(shell, **{field_name: tuple(items)})
+
+
+def _split_fields(body_type: type[Any]) -> list[tuple[str, type[Any]]]:
+    found = []
+    for entity_field in fields(body_type):
+        if (body_type.__name__, entity_field.name) in SPLIT_ARRAYS:
+            found.append((entity_field.name, get_args(entity_field.type)[0]))
+    return found
 
 
 def _check_body(

@@ -64,6 +64,11 @@ class LimitExceeded(Exception):
         self.limit = limit
 
 
+SPLIT_ARRAYS = frozenset({("ConnectGroupInstallAssignmentRequest", "members")})
+"""Top-level arrays whose elements' offsets the walk notes (`check_request`), so that a
+large one can be decoded an element at a time: kio's native reader holds the GIL for a
+whole entity (about 100 ms for an Install of 100,000 units, even in a thread)."""
+
 # No request the coordinator serves has a tagged field it knows; a client that adds a few
 # is skipped over, one that sends millions (a frame full of empty ones took 1.7 s to walk)
 # is refused.
@@ -79,7 +84,7 @@ Limits = Mapping[tuple[str, str], ArrayLimit]
 
 
 class _Walk:
-    __slots__ = ("data", "end", "tagged", "counts", "limits")
+    __slots__ = ("data", "end", "tagged", "counts", "limits", "marks")
 
     def __init__(self, data: bytes, limits: Limits) -> None:
         self.data = data
@@ -87,6 +92,7 @@ class _Walk:
         self.tagged: list[tuple[int, int]] = []  # (start, end) of non-empty tagged sections
         self.counts: dict[str, int] = {}
         self.limits = limits
+        self.marks: list[int] = []  # offsets of a split array: its start, elements, end
 
     def need(self, offset: int, size: int, what: str) -> int:
         if size > self.end - offset:
@@ -211,9 +217,12 @@ class _Source:
         self.emit(depth, f"o += {size}")
 
     def array(self, depth: int, flexible: bool, nullable: bool, what: str,
-              limit: ArrayLimit | None, element: Callable[[int], None]) -> None:
+              limit: ArrayLimit | None, element: Callable[[int], None],
+              split: bool = False) -> None:
         count = self.name("c")
         label = self.constant(what)
+        if split:
+            self.emit(depth, "walk.marks.append(o)")
         if flexible:
             self.uvarint(depth, count, what)
             self.emit(depth, f"{count} -= 1")
@@ -225,7 +234,11 @@ class _Source:
         self.emit(depth, "else:")
         self.emit(depth + 1, f"walk.check_count({count}, o, {self.constant(limit)}, {label})")
         self.emit(depth + 1, f"for _ in range({count}):")
+        if split:
+            self.emit(depth + 2, "walk.marks.append(o)")
         element(depth + 2)
+        if split:
+            self.emit(depth, "walk.marks.append(o)")
 
     def entity(self, depth: int, entity_type: type[Any]) -> None:
         flexible: bool = entity_type.__flexible__
@@ -255,7 +268,8 @@ class _Source:
             elif isinstance(field_class, EntityTupleField):
                 inner = field_class.type_
                 self.array(depth, flexible, nullable, what, limit,
-                           lambda d, t=inner: self.entity(d, t))  # type: ignore[misc]
+                           lambda d, t=inner: self.entity(d, t),  # type: ignore[misc]
+                           split=depth == 1 and (name, field.name) in SPLIT_ARRAYS)
             else:  # pragma: no cover - kio knows no other kind
                 raise TypeError(f"{what}: unknown field kind {field_class!r}")
         if flexible:
@@ -299,10 +313,12 @@ def request_header_end(frame: bytes, flexible: bool) -> tuple[int, list[tuple[in
 
 
 def check_request(frame: bytes, body_type: type[Any], body_offset: int,
-                  header_tagged: list[tuple[int, int]], limits: Limits) -> bytes:
+                  header_tagged: list[tuple[int, int]], limits: Limits
+                  ) -> tuple[bytes, list[int]]:
     """Walk a request's body (at `body_offset`, after `request_header_end`); return the
     frame for kio: `frame` itself, or a copy whose tagged-field sections (the header's
-    included) are emptied.
+    included) are emptied; and, in that frame, the offsets of a SPLIT_ARRAYS array (where
+    its count starts, where each element starts, where it ends), or [].
 
     Raises WalkError for a body that does not have its schema's shape, LimitExceeded for
     an array over its limit.
@@ -318,7 +334,7 @@ def check_request(frame: bytes, body_type: type[Any], body_offset: int,
     if end != len(frame):
         raise WalkError(f"{len(frame) - end} trailing bytes after the {body_type.__name__} body")
     if not walk.tagged:
-        return frame
+        return frame, walk.marks
     cleaned = bytearray()
     start = 0
     for section_start, section_end in walk.tagged:
@@ -326,4 +342,9 @@ def check_request(frame: bytes, body_type: type[Any], body_offset: int,
         cleaned.append(0)  # no tagged fields
         start = section_end
     cleaned += frame[start:]
-    return bytes(cleaned)
+    return bytes(cleaned), [_shifted(mark, walk.tagged) for mark in walk.marks]
+
+
+def _shifted(offset: int, removed: list[tuple[int, int]]) -> int:
+    """Where `offset` is once the tagged sections in `removed` are cut to one byte."""
+    return offset - sum(end - start - 1 for start, end in removed if end <= offset)

@@ -148,3 +148,23 @@ def test_a_section_of_too_many_tagged_fields_is_refused() -> None:
     with pytest.raises(MalformedBody, match="tagged fields, more than"):
         decode_request(frame[:-1] + _tagged(fields))
     assert decode_request(frame[:-1] + _tagged(fields[:-1])).body.group_ids == ("g",)
+
+
+@given(st.integers(0, 200), st.booleans())
+def test_a_large_install_is_read_an_element_at_a_time_to_the_same_body(
+        members: int, tagged: bool) -> None:
+    from protocol.messages import ConnectGroupInstallAssignmentRequest, ConnectorsAndTasks
+    from protocol.messages.common import ConnectorTaskId
+    from protocol.messages.connect_group_install_assignment_request import MemberAssignment
+    body = ConnectGroupInstallAssignmentRequest(
+        group_id="g", member_id="m", member_epoch=1, group_epoch=2, error=0,
+        members=tuple(MemberAssignment(
+            member_id=f"m{index}", version=1, metadata=b"x" * (index % 3),
+            assigned=ConnectorsAndTasks(connectors=(f"c{index}",), tasks=(
+                ConnectorTaskId(connector=f"c{index}", task=0),)))
+            for index in range(members)))
+    frame = _frame(1002, 0, body)
+    if tagged:  # unknown tagged fields in the header and the body move every offset
+        fields = [(9, b"abc")]
+        frame = frame[:11] + _tagged(fields) + frame[12:-1] + _tagged(fields)
+    assert decode_request(frame).body == body
