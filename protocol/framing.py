@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import datetime
 import io
+import time
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import MISSING, dataclass, fields, is_dataclass, replace
@@ -389,8 +390,10 @@ def decode_request(frame: bytes, limits: Mapping[int, Limits] | None = None) -> 
     return DecodedRequest(api_key, api_version, correlation_id, header.client_id, body)
 
 
-# Arrays of more elements than this (of SPLIT_ARRAYS) are decoded an element at a time.
+# Arrays of more elements than this (of SPLIT_ARRAYS) are decoded an element at a time,
+# offering the GIL to other threads every YIELD_EVERY elements.
 SPLIT_ELEMENTS = 64
+YIELD_EVERY = 32
 
 
 def _read_split(body_type: type[Any], frame: bytes, offset: int, marks: list[int]) -> Any:
@@ -404,9 +407,11 @@ def _read_split(body_type: type[Any], frame: bytes, offset: int, marks: list[int
         raise EntityDecodeError("trailing bytes after the split body")
     (field_name, element_type), = _split_fields(body_type)
     items = []
-    for start in elements:
+    for index, start in enumerate(elements):
         item, _ = read_entity(element_type, frame, start)
         items.append(item)
+        if index % YIELD_EVERY == YIELD_EVERY - 1:
+            time.sleep(0)  # let a waiting thread (the event loop) take the GIL now
     return replace(shell, **{field_name: tuple(items)})
 
 

@@ -34,6 +34,7 @@ import trio
 
 from coordinator.config import FIELD_KEYS, ServerConfig
 from coordinator.core import describe as describing
+from coordinator.core.validation import CheckedInstall, check_install, install_unit_count
 from coordinator.metrics import api_name
 from coordinator.server.limits import decode_limits, describe_answer_bytes, oversized_field
 from coordinator.server.runtime import NotDurable, Runtime
@@ -137,11 +138,11 @@ class KafkaServer:
         # of trio's cache may have been made a background one (scheduling.py), and one of
         # those holding the GIL while the OS runs others made heartbeats wait for it
         # (a p99 of 200 ms in `bench hostile`).
-        self._decoders = ThreadPoolExecutor(max_workers=2, thread_name_prefix="krpc-decode")
+        # One: large requests take their turn, however many connections send them.
+        self._decoders = ThreadPoolExecutor(max_workers=1, thread_name_prefix="krpc-decode")
         self._operations = {
             HEARTBEAT: runtime.heartbeat,
             PREPARE: runtime.prepare_assignment,
-            INSTALL: runtime.install_assignment,  # large ones are checked in a thread first
         }
 
     async def serve(self, host: str, port: int, *,
@@ -302,9 +303,9 @@ class KafkaServer:
         started = time.perf_counter()
         try:
             if len(frame) > OFFLOAD_DECODE_BYTES:
-                request = await self._off_loop(decode_request, frame, self.decode_limits)
+                request, problem, checked = await self._off_loop(self._decode, frame, True)
             else:
-                request = decode_request(frame, self.decode_limits)
+                request, problem, checked = self._decode(frame, False)
         except UnsupportedApi as error:
             self._count(error.api_key, ErrorCode.UNSUPPORTED_VERSION, started)
             return error_response(error.api_key, error.api_version, error.correlation_id,
@@ -322,7 +323,11 @@ class KafkaServer:
         self.in_flight += 1
         self._idle = trio.Event() if self.in_flight == 1 else self._idle
         try:
-            answer, code = await self._dispatch(request, problems)
+            if problem is not None:
+                answer, code = self._refuse(request, problems, problem,
+                                            getattr(request.body, "group_ids", ()))
+            else:
+                answer, code = await self._dispatch(request, problems, checked)
         except Exception as error:
             problems.error("request_failed", api=api_name(request.api_key))
             code = ErrorCode.UNKNOWN_SERVER_ERROR
@@ -336,6 +341,22 @@ class KafkaServer:
         self._count(request.api_key, code, started)
         return answer
 
+    def _decode(self, frame: bytes, off_loop: bool
+                ) -> tuple[DecodedRequest, str | None, CheckedInstall | None]:
+        """The request; what in it is over a length limit (coordinator/server/limits.py);
+        off the loop, a large Install's `check_install` too (here, rather than in the
+        runtime's background threads, whose lower priority made the loop wait for the
+        GIL they held)."""
+        request = decode_request(frame, self.decode_limits)
+        if request.api_key == API_VERSIONS:
+            return request, None, None
+        problem = oversized_field(request.api_key, request.body, self.config)
+        checked = None
+        if (off_loop and problem is None and request.api_key == INSTALL
+                and install_unit_count(request.body) >= self.runtime.install_offload_units):
+            checked = check_install(request.body)
+        return request, problem, checked
+
     def _count(self, api_key: int, code: int, started: float) -> None:
         self.runtime.metrics.observe_request(api_key, code, time.perf_counter() - started)
 
@@ -348,8 +369,8 @@ class KafkaServer:
         return error_response(request.api_key, request.api_version, request.correlation_id,
                               code, message, group_ids=group_ids), code
 
-    async def _dispatch(self, request: DecodedRequest, problems: ProblemLog
-                        ) -> tuple[bytes, int]:
+    async def _dispatch(self, request: DecodedRequest, problems: ProblemLog,
+                        checked: CheckedInstall | None = None) -> tuple[bytes, int]:
         key, version, correlation = request.api_key, request.api_version, request.correlation_id
         if key == API_VERSIONS:
             body = api_versions_response(version)
@@ -360,10 +381,6 @@ class KafkaServer:
             code = ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
             return error_response(key, version, correlation, code,
                                   "the coordinator is loading its log", group_ids=group_ids), code
-        problem = oversized_field(key, request.body, self.config)
-        if problem is not None:
-            return self._refuse(request, problems, problem,
-                                group_ids=() if key != DESCRIBE else group_ids)
         if key == DESCRIBE:
             estimate = describe_answer_bytes(runtime.core, group_ids, self.max_frame_bytes)
             if estimate > self.max_frame_bytes:
@@ -382,7 +399,10 @@ class KafkaServer:
             return answer, ErrorCode.NONE
         response: Any
         try:
-            response = await self._operations[key](request.body)
+            if key == INSTALL:
+                response = await runtime.install_assignment(request.body, checked)
+            else:
+                response = await self._operations[key](request.body)
         except NotDurable:
             code = ErrorCode.COORDINATOR_NOT_AVAILABLE
             return error_response(key, version, correlation, code,
