@@ -117,6 +117,19 @@ def test_a_describe_whose_answer_would_not_fit_in_a_frame_is_refused(
     assert alive(server)
 
 
+def test_a_large_describe_is_answered_whole(server: ServerProcess) -> None:
+    """Above 32 KB an answer is built and encoded off the event loop: same answer."""
+    status, _ = hostile_put(server, "mid-describe", "d" * 100, 300)
+    assert status == 200
+    response = ask(server, request_frame(DESCRIBE, describe("mid-describe", "nope")), DESCRIBE)
+    assert response is not None
+    found, missing = response.groups  # type: ignore[attr-defined]
+    assert found.error_code == 0 and missing.error_code == ErrorCode.GROUP_ID_NOT_FOUND
+    units = found.connectors_and_tasks
+    assert units.connectors == ("d" * 100,)
+    assert [task.task for task in units.tasks] == list(range(300))
+
+
 def test_a_heartbeat_owning_more_units_than_allowed_is_refused(server: ServerProcess) -> None:
     tasks = tuple(ConnectorTaskId(connector="c", task=i) for i in range(1_001))
     request = heartbeat("owned", "m1", epoch=3, owned_connectors_and_tasks=owned(tasks=tasks))
