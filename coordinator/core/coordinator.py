@@ -1403,7 +1403,7 @@ class GroupCoordinator:
             raise invalid(f"tasks must be an integer between 0 and 100000, got {tasks!r}")
         existing = self.store.groups.get(group_id)
         check_group_units(existing.connectors if existing is not None else {}, connector,
-                          tasks, self.config.max_group_units)
+                          tasks, self.config.max_group_units, self.config.max_frame_bytes)
         change = _Change(self.store)
         group = self._group_or_create(group_id, change)
         changed = group.connectors.get(connector) != tasks

@@ -179,11 +179,19 @@ def check_group_count(groups: int, maximum: int) -> None:
 
 
 def check_group_units(connectors: Mapping[str, int], connector: str, tasks: int,
-                      maximum: int) -> None:
+                      maximum: int, max_frame_bytes: int) -> None:
     """Setting `connector` to `tasks` tasks keeps the group within `maximum` units (a
-    connector is one unit, each of its tasks another)."""
-    total = sum(1 + count for name, count in connectors.items() if name != connector)
-    total += 1 + tasks
+    connector is one unit, each of its tasks another), and keeps the list of them small
+    enough to go out in one frame (a member may be given all of them in one answer)."""
+    changed = dict(connectors)
+    changed[connector] = tasks
+    total = sum(1 + count for count in changed.values())
     if total > maximum:
         raise invalid(f"the group would run {total} connectors and tasks, above its limit "
                       f"of {maximum} (group.connect.max.units)")
+    # a task in an answer: its connector's name with its length, an int32, tagged fields
+    encoded = sum((len(name.encode()) + 6) * (1 + count) for name, count in changed.items())
+    if encoded > max_frame_bytes:
+        raise invalid(f"the group's connectors and tasks would take {encoded} bytes to "
+                      f"list, more than one frame holds ({max_frame_bytes}, "
+                      "server.max.frame.bytes)")

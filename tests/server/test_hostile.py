@@ -7,6 +7,7 @@ is cheap; the defaults are checked to be sane separately.
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -271,3 +272,30 @@ def test_an_idle_connection_is_closed(strict_server: ServerProcess) -> None:
     with RawConnection(strict_server.kafka_port) as connection:
         assert connection.ask(request_frame(DESCRIBE, describe("idle")), DESCRIBE) is not None
         assert connection.closed_within(10.0)
+
+
+def test_a_group_whose_units_would_not_fit_in_one_answer_is_refused(
+        server: ServerProcess) -> None:
+    # 255-byte names: 1,010 tasks list in 263,871 bytes, over this server's 262,144
+    status, body = hostile_put(server, "amplified", "a" * 255, 1_010)
+    assert status == 400
+    assert "server.max.frame.bytes" in body["message"]  # type: ignore[index]
+    status, _ = hostile_put(server, "amplified", "a" * 255, 900)
+    assert status == 200
+
+
+def test_a_client_that_does_not_read_is_not_buffered_for(server: ServerProcess) -> None:
+    """Backpressure: while its answers cannot be sent, the connection is not read, so the
+    client's own sends block instead of the server buffering answers."""
+    status, _ = hostile_put(server, "mid-answer", "e" * 100, 300)
+    assert status == 200
+    request = request_frame(DESCRIBE, describe("mid-answer", *[f"{i:0>250}" for i in range(99)]))
+    with RawConnection(server.kafka_port, timeout_s=3.0) as connection:
+        connection.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
+        sent = 0
+        with pytest.raises(TimeoutError):
+            while sent < 4_000:  # ~100 MB of requests, ~250 MB of answers
+                connection.send(request)
+                sent += 1
+        assert sent < 4_000
+    assert alive(server)
