@@ -11,15 +11,17 @@ from contextlib import aclosing
 from typing import Any
 
 import msgspec
+import trio
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from coordinator.config import FIELD_KEYS
+from coordinator.core import describe as describing
 from coordinator.server.limits import too_long
 from coordinator.server.runtime import NotDurable, Runtime
-from coordinator.units import CONNECTOR, format_unit
+from coordinator.units import CONNECTOR, Unit, format_unit
 from protocol.errors import ApiError, ErrorCode
 
 STATUS_BY_CODE = {
@@ -56,10 +58,11 @@ def _units_json(value: Any) -> dict[str, Any]:
     }
 
 
-def group_view(runtime: Runtime, group_id: str) -> dict[str, Any]:
-    """The describe view as JSON, plus what no member's target holds."""
-    described = runtime.core.describe_group(group_id)
-    unassigned = sorted(runtime.core.unassigned_units(group_id))
+def view_of(taken: describing.GroupSnapshot, config: dict[str, Any],
+            unassigned_units: frozenset[Unit]) -> dict[str, Any]:
+    """`group_view` from a snapshot: touches no shared state, so it may run in a thread."""
+    described = describing.build(taken, off_loop=True)
+    unassigned = sorted(unassigned_units)
     return {
         "group_id": described.group_id,
         "state": described.group_state,
@@ -73,7 +76,7 @@ def group_view(runtime: Runtime, group_id: str) -> dict[str, Any]:
                       for name, task in unassigned if task != CONNECTOR],
             "names": [format_unit(unit) for unit in unassigned],
         },
-        "config": runtime.core.group_config(group_id),
+        "config": config,
         "members": [
             {
                 "member_id": m.member_id,
@@ -88,6 +91,10 @@ def group_view(runtime: Runtime, group_id: str) -> dict[str, Any]:
             for m in described.members
         ],
     }
+
+
+# A view of a group of more members than this is built in a thread.
+VIEW_OFFLOAD_MEMBERS = 100
 
 
 class BodyTooLarge(Exception):
@@ -191,7 +198,22 @@ def build_admin_app(runtime: Runtime) -> Starlette:
     async def get_group(request: Request) -> Response:
         async def handle(request: Request) -> Response:
             require_ready()
-            return JSONResponse(group_view(runtime, request.path_params["group"]))
+            group_id = request.path_params["group"]
+            taken = runtime.core.describe_snapshot(group_id)  # on the loop: consistent
+            if isinstance(taken, tuple):
+                raise taken[1]
+            config = runtime.core.group_config(group_id)
+            unassigned = runtime.core.unassigned_units(group_id)
+            if len(taken.members) <= VIEW_OFFLOAD_MEMBERS:
+                return JSONResponse(view_of(taken, config, unassigned))
+
+            def encoded() -> bytes:
+                return msgspec.json.encode(view_of(taken, config, unassigned))
+
+            # Building a large group's view and its JSON takes about a millisecond per 25
+            # members: in a thread, from the snapshot.
+            return Response(await trio.to_thread.run_sync(encoded),
+                            media_type="application/json")
         return await guarded(request, handle)
 
     async def delete_group(request: Request) -> Response:

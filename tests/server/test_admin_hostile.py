@@ -54,3 +54,27 @@ async def test_a_chunked_body_over_the_limit_is_refused_while_it_streams(
         _put, server.admin_port, b"Transfer-Encoding: chunked\r\n", limit // 65536 + 1,
         b" " * 65536)
     assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
+
+
+async def test_a_large_group_view_is_built_off_the_loop_the_same(server: ServerHandle) -> None:
+    from coordinator.client import KafkaClient
+    from coordinator.server.admin import VIEW_OFFLOAD_MEMBERS
+    from protocol.messages import ConnectGroupHeartbeatRequest
+
+    members = VIEW_OFFLOAD_MEMBERS + 20
+    status, _ = await http(server, "PUT", "/groups/big/connectors/c", body={"tasks": 3})
+    assert status == 200
+    async with await KafkaClient.connect("127.0.0.1", server.kafka_port) as client:
+        for index in range(members):
+            response = await client.request(1000, ConnectGroupHeartbeatRequest(
+                group_id="big", member_id=f"m{index:03}", member_epoch=0,
+                worker_url=f"http://w{index}:8083", rebalance_timeout_ms=30_000))
+            assert response.error_code == 0
+    status, view = await http(server, "GET", "/groups/big")
+    assert status == 200
+    assert [m["member_id"] for m in view["members"]] == [f"m{i:03}" for i in range(members)]
+    assert view["connectors_and_tasks"]["connectors"] == ["c"]
+    assert [t["task"] for t in view["connectors_and_tasks"]["tasks"]] == [0, 1, 2]
+    targeted = sum(len(m["target"]["tasks"]) + len(m["target"]["connectors"])
+                   for m in view["members"])
+    assert targeted + len(view["unassigned"]["names"]) == 4
