@@ -44,6 +44,7 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     # Ids and names are stored in records as int16-length strings: 32,767 bytes at most.
     max_id_bytes: Annotated[int, Meta(ge=16, le=MAX_RECORD_STRING_BYTES)] = 255
     max_url_bytes: Annotated[int, Meta(ge=16, le=MAX_RECORD_STRING_BYTES)] = 2_048
+    max_metadata_bytes: Annotated[int, Meta(ge=1_024, le=2**31 - 1)] = 256 * 1024
     max_owned_units: Annotated[int, Meta(ge=1, le=10_000_000)] = 10_000
     max_group_units: Annotated[int, Meta(ge=1, le=10_000_000)] = 100_000
     max_describe_groups: Annotated[int, Meta(ge=1, le=1_000_000)] = 1_000
@@ -81,6 +82,7 @@ CONFIG_KEYS: dict[str, str] = {
     "server.admin.max.body.bytes": "admin_max_body_bytes",
     "group.connect.max.id.bytes": "max_id_bytes",
     "group.connect.max.url.bytes": "max_url_bytes",
+    "group.connect.max.metadata.bytes": "max_metadata_bytes",
     "group.connect.max.owned.units": "max_owned_units",
     "group.connect.max.units": "max_group_units",
     "group.connect.max.describe.groups": "max_describe_groups",

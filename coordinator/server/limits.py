@@ -85,6 +85,15 @@ def _units(config: ServerConfig, what: str, units: Any) -> str | None:
             or _names(config, f"{what}.Tasks[].Connector", map(_CONNECTOR, units.tasks)))
 
 
+def _metadata(config: ServerConfig, what: str, blobs: Iterable[bytes]) -> str | None:
+    limit = config.max_metadata_bytes
+    for blob in blobs:
+        if len(blob) > limit:
+            return (f"{what} is {len(blob)} bytes, above the limit of {limit} "
+                    f"({FIELD_KEYS['max_metadata_bytes']})")
+    return None
+
+
 def oversized_field(api_key: int, body: Any, config: ServerConfig) -> str | None:
     """What in a decoded request is over its length limit (a message naming the key),
     or None. Proportional to the request's size, which the frame limit bounds."""
@@ -102,10 +111,13 @@ def oversized_field(api_key: int, body: Any, config: ServerConfig) -> str | None
                 or too_long("ServerAssignor", body.server_assignor, ids, id_key)
                 or _names(config, "ClientAssignors[].Name",
                           (assignor.name for assignor in body.client_assignors or ()))
+                or _metadata(config, "ClientAssignors[].Metadata",
+                             (assignor.metadata for assignor in body.client_assignors or ()))
                 or _units(config, "OwnedConnectorsAndTasks", body.owned_connectors_and_tasks))
     if api_key == INSTALL:
         for member in body.members:
             problem = (too_long("Members[].MemberId", member.member_id, ids, id_key)
+                       or _metadata(config, "Members[].Metadata", (member.metadata,))
                        or _units(config, "Members[].Assigned", member.assigned))
             if problem is not None:
                 return problem

@@ -37,6 +37,7 @@ SETTINGS = [
     "group.connect.max.units=3000",
     "group.coordinator.max.groups=40",
     "server.admin.max.body.bytes=4096",
+    "group.connect.max.metadata.bytes=100000",
 ]
 
 
@@ -170,6 +171,16 @@ def test_a_long_worker_url_is_refused(server: ServerProcess) -> None:
     assert response is not None
     assert response.error_code == ErrorCode.INVALID_REQUEST  # type: ignore[attr-defined]
     assert "group.connect.max.url.bytes" in response.error_message  # type: ignore[attr-defined]
+
+
+def test_large_assignor_metadata_is_refused(server: ServerProcess) -> None:
+    from protocol.messages.connect_group_heartbeat_request import ClientAssignor
+    assignor = ClientAssignor(name="sessioned", minimum_version=0, maximum_version=1,
+                              reason=0, version=1, metadata=b"m" * 200_000)
+    request = heartbeat("metadata", "m1", client_assignors=(assignor,))
+    response = ask(server, request_frame(HEARTBEAT, request), HEARTBEAT)
+    assert response.error_code == ErrorCode.INVALID_REQUEST  # type: ignore[attr-defined]
+    assert "group.connect.max.metadata.bytes" in response.error_message  # type: ignore[attr-defined]
 
 
 def test_units_per_group_are_limited(server: ServerProcess) -> None:
