@@ -13,6 +13,13 @@ sending garbage in a loop makes one line every few seconds, not one per frame. C
 input is logged at warning without a traceback; only the coordinator's own failures
 carry one.
 
+No request holds the event loop for long: what costs in proportion to a request's size is
+bounded by the limits, and a frame above OFFLOAD_DECODE_BYTES is decoded and checked, and
+a describe whose answer is estimated above OFFLOAD_DESCRIBE_BYTES is built and encoded
+(from a snapshot taken on the loop), in the listener's own thread. Large requests take
+turns there, and the thread rests as long as each took (REST_RATIO), so however many
+clients send them they hold the GIL at most half the time.
+
 Connections are capped (`server.max.connections`), a frame must be finished within
 `server.connection.read.timeout.ms` of its first byte, and a connection with nothing
 in flight is closed after `server.connection.idle.timeout.ms`. A connection holds at
