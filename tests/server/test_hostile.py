@@ -76,7 +76,9 @@ def test_unknown_tagged_field_in_header_is_skipped(server: ServerProcess) -> Non
 
 def test_a_flipped_tagged_field_count_does_not_kill(server: ServerProcess) -> None:
     frame = bytearray(request_frame(HEARTBEAT, heartbeat("tag-flip", "m1")))
-    frame[-1] = 1  # one tagged field declared, none there
+    at = 4 + 8 + 2 + len(hostile.CLIENT_ID)  # the header's tagged-field count
+    assert frame[at] == 0
+    frame[at] = 1  # one bit: the body's first bytes now read as an unknown tagged field
     with RawConnection(server.kafka_port) as connection:
         connection.send(bytes(frame))
         connection.answer()  # answered INVALID_REQUEST or closed: either way, alive
