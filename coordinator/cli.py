@@ -20,7 +20,8 @@ EPILOG = """\
 commands:
   serve      run the coordinator (KRPC listener, admin HTTP API, durable log)
   describe   show groups, their epochs and members' assignments
-  bench      benchmarks: codec | core | heartbeats | assignor | install | log | replay
+  bench      benchmarks: codec | core | heartbeats | assignor | install | log | replay |
+             hostile
   log        log tools: check | dump | compact | snapshot
   simulate   fake Connect workers under chaos, checked for units run twice
   metrics    record /metrics scrapes (or a Prometheus range) as Parquet
@@ -102,6 +103,7 @@ BENCHES: dict[str, str] = {
     "log": "bench.log",
     "replay": "bench.replay",
     "install": "bench.install",
+    "hostile": "bench.hostile",
 }
 
 

@@ -17,6 +17,7 @@ import msgspec
 from msgspec import Meta
 
 MS_HOUR = 3_600_000
+MAX_RECORD_STRING_BYTES = 32_767
 
 
 class ConfigError(ValueError):
@@ -35,7 +36,19 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     assignor_run_timeout_ms: Annotated[int, Meta(ge=100, le=MS_HOUR)] = 30_000
     background_threads: Annotated[int, Meta(ge=1, le=64)] = 2
     scheduled_rebalance_max_delay_ms: Annotated[int, Meta(ge=0, le=24 * MS_HOUR)] = 300_000
-    max_frame_bytes: Annotated[int, Meta(ge=1_024, le=2**31 - 1)] = 104_857_600
+    max_frame_bytes: Annotated[int, Meta(ge=1_024, le=2**31 - 1)] = 8 * 1024 * 1024
+    max_connections: Annotated[int, Meta(ge=1, le=1_000_000)] = 1_000
+    connection_read_timeout_ms: Annotated[int, Meta(ge=100, le=MS_HOUR)] = 30_000
+    connection_idle_timeout_ms: Annotated[int, Meta(ge=1_000, le=24 * MS_HOUR)] = 600_000
+    admin_max_body_bytes: Annotated[int, Meta(ge=1_024, le=2**31 - 1)] = 1024 * 1024
+    # Ids and names are stored in records as int16-length strings: 32,767 bytes at most.
+    max_id_bytes: Annotated[int, Meta(ge=16, le=MAX_RECORD_STRING_BYTES)] = 255
+    max_url_bytes: Annotated[int, Meta(ge=16, le=MAX_RECORD_STRING_BYTES)] = 2_048
+    max_metadata_bytes: Annotated[int, Meta(ge=1_024, le=2**31 - 1)] = 256 * 1024
+    max_owned_units: Annotated[int, Meta(ge=1, le=10_000_000)] = 10_000
+    max_group_units: Annotated[int, Meta(ge=1, le=10_000_000)] = 100_000
+    max_describe_groups: Annotated[int, Meta(ge=1, le=1_000_000)] = 1_000
+    max_groups: Annotated[int, Meta(ge=1, le=10_000_000)] = 10_000
     shutdown_timeout_ms: Annotated[int, Meta(ge=0, le=600_000)] = 10_000
     log_segment_bytes: Annotated[int, Meta(ge=4_096, le=2**31 - 1)] = 64 * 1024 * 1024
     log_compaction_interval_ms: Annotated[int, Meta(ge=1_000, le=24 * MS_HOUR)] = 600_000
@@ -63,6 +76,17 @@ CONFIG_KEYS: dict[str, str] = {
     "group.coordinator.background.threads": "background_threads",
     "scheduled.rebalance.max.delay.ms": "scheduled_rebalance_max_delay_ms",
     "server.max.frame.bytes": "max_frame_bytes",
+    "server.max.connections": "max_connections",
+    "server.connection.read.timeout.ms": "connection_read_timeout_ms",
+    "server.connection.idle.timeout.ms": "connection_idle_timeout_ms",
+    "server.admin.max.body.bytes": "admin_max_body_bytes",
+    "group.connect.max.id.bytes": "max_id_bytes",
+    "group.connect.max.url.bytes": "max_url_bytes",
+    "group.connect.max.metadata.bytes": "max_metadata_bytes",
+    "group.connect.max.owned.units": "max_owned_units",
+    "group.connect.max.units": "max_group_units",
+    "group.connect.max.describe.groups": "max_describe_groups",
+    "group.coordinator.max.groups": "max_groups",
     "server.shutdown.timeout.ms": "shutdown_timeout_ms",
     "log.segment.bytes": "log_segment_bytes",
     "log.compaction.interval.ms": "log_compaction_interval_ms",

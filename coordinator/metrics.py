@@ -55,6 +55,11 @@ REJECT_REASONS = (
     "oversize",  # size prefix above server.max.frame.bytes: the connection is closed
     "malformed",  # bad size prefix, header or body: the connection is closed
     "truncated",  # the peer closed in the middle of a frame
+    "invalid",  # a body that does not have its schema's shape: answered INVALID_REQUEST
+    "over_limit",  # a request over a configured limit: answered INVALID_REQUEST
+    "read_timeout",  # a frame not finished within server.connection.read.timeout.ms
+    "idle_timeout",  # nothing received within server.connection.idle.timeout.ms
+    "connection_limit",  # a connection over server.max.connections: closed at once
 )
 
 GROUP_STATES = ("EMPTY", "ASSIGNING", "RECONCILING", "STABLE")

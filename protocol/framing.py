@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import datetime
 import io
+import time
 from collections import deque
-from collections.abc import Iterator, Sequence
-from dataclasses import MISSING, dataclass, fields, is_dataclass
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import MISSING, dataclass, fields, is_dataclass, replace
 from typing import Any, TypeAlias, get_args, get_origin
 
 import kio.schema.api_versions.v0 as api_versions_v0
@@ -39,6 +40,14 @@ from kio.static.primitive import i16, i32, i32Timedelta
 
 from protocol._codec import INT16, INT32, EntityDecodeError, read_entity, write_entity
 from protocol.errors import ErrorCode
+from protocol.guard import (
+    SPLIT_ARRAYS,
+    LimitExceeded,
+    Limits,
+    WalkError,
+    check_request,
+    request_header_end,
+)
 from protocol.messages import (
     ConnectGroupDescribeRequest,
     ConnectGroupDescribeResponse,
@@ -134,6 +143,8 @@ RESPONSE_CLASSES: dict[tuple[int, int], type[ResponseBody]] = {
 }
 """(API key, version) -> response class."""
 
+NO_LIMITS: Limits = {}
+
 # api_key, api_version, correlation_id: the part of every request header we can read
 # before knowing which header version the request uses.
 _FIXED_HEADER_BYTES = 8
@@ -165,6 +176,25 @@ class FrameTooLarge(FrameError):
 
 class MalformedRequest(ProtocolError):
     """A request whose header or body does not parse, or that has trailing bytes."""
+
+
+class MalformedBody(MalformedRequest):
+    """A request whose header parsed but whose body does not have its schema's shape.
+
+    The frame boundary is intact, so the server answers INVALID_REQUEST (it knows the API,
+    version and correlation id) and keeps the connection.
+    """
+
+    def __init__(self, message: str, api_key: int, api_version: int,
+                 correlation_id: int) -> None:
+        super().__init__(message)
+        self.api_key = api_key
+        self.api_version = api_version
+        self.correlation_id = correlation_id
+
+
+class RequestOverLimit(MalformedBody):
+    """A request with an array over a configured limit (the message names its key)."""
 
 
 class MalformedResponse(ProtocolError):
@@ -215,6 +245,13 @@ class FrameBuffer:
     def buffered_bytes(self) -> int:
         """Bytes received but not yet part of a complete frame."""
         return len(self._buffer)
+
+    @property
+    def missing_bytes(self) -> int:
+        """Bytes still to come for the frame being read (0 if its size is not known yet)."""
+        if self._body_size is None:
+            return 0
+        return max(0, self._body_size - len(self._buffer))
 
     def feed(self, data: bytes | bytearray | memoryview) -> None:
         if self._error is not None:
@@ -301,11 +338,15 @@ class DecodedRequest:
     body: RequestBody
 
 
-def decode_request(frame: bytes) -> DecodedRequest:
+def decode_request(frame: bytes, limits: Mapping[int, Limits] | None = None) -> DecodedRequest:
     """Parse one request frame (without its size prefix).
 
-    Raises UnsupportedApi for an API key or version not in SUPPORTED_APIS, MalformedRequest
-    for a header or body that does not parse or for bytes left over after the body.
+    The frame is walked first (protocol/guard.py): lengths checked against the bytes
+    there, unknown tagged fields dropped, `limits` applied to its arrays. Raises
+    UnsupportedApi for an API key or version not in SUPPORTED_APIS, MalformedRequest for a
+    header that does not parse, MalformedBody for a body that does not (or bytes left over
+    after it), RequestOverLimit for an array over its limit (`limits`: API key -> the
+    array limits of its requests). Nothing else.
     """
     if len(frame) < _FIXED_HEADER_BYTES:
         raise MalformedRequest(
@@ -317,19 +358,69 @@ def decode_request(frame: bytes) -> DecodedRequest:
     body_type = REQUEST_CLASSES.get((api_key, api_version))
     if body_type is None:
         raise UnsupportedApi(api_key, api_version, correlation_id)
+    header_type = _request_header_type(api_key, api_version)
+    flexible = header_type is RequestHeaderV2
     try:
-        header, offset = read_entity(_request_header_type(api_key, api_version), frame, 0)
-    except EntityDecodeError as error:
-        raise MalformedRequest(f"bad request header: {error}") from error
+        body_offset, header_tagged = request_header_end(frame, flexible)
+    except WalkError as error:
+        raise MalformedRequest(f"bad request header: {error}") from None
+    what = f"{body_type.__name__} v{api_version}"
     try:
+        frame, marks = check_request(frame, body_type, body_offset, header_tagged,
+                                     NO_LIMITS if limits is None
+                                     else limits.get(api_key, NO_LIMITS))
+    except LimitExceeded as error:
+        raise RequestOverLimit(f"{what}: {error}", api_key, api_version,
+                               correlation_id) from None
+    except WalkError as error:
+        raise MalformedBody(f"bad {what} body: {error}", api_key, api_version,
+                            correlation_id) from None
+    try:
+        header, offset = read_entity(header_type, frame, 0)
+        if len(marks) > SPLIT_ELEMENTS:
+            return DecodedRequest(api_key, api_version, correlation_id, header.client_id,
+                                  _read_split(body_type, frame, offset, marks))
         body, end = read_entity(body_type, frame, offset)
-    except EntityDecodeError as error:
-        raise MalformedRequest(f"bad {body_type.__name__} v{api_version} body: {error}") from error
-    if end != len(frame):
-        raise MalformedRequest(
-            f"{len(frame) - end} trailing bytes after the {body_type.__name__} v{api_version} body"
-        )
+    except EntityDecodeError as error:  # e.g. a string that is not UTF-8
+        raise MalformedBody(f"bad {what} body: {error}", api_key, api_version,
+                            correlation_id) from None
+    if end != len(frame):  # pragma: no cover - the walk checked this
+        raise MalformedBody(f"{len(frame) - end} trailing bytes after the {what} body",
+                            api_key, api_version, correlation_id)
     return DecodedRequest(api_key, api_version, correlation_id, header.client_id, body)
+
+
+# Arrays of more elements than this (of SPLIT_ARRAYS) are decoded an element at a time,
+# offering the GIL to other threads every YIELD_EVERY elements.
+SPLIT_ELEMENTS = 64
+YIELD_EVERY = 32
+
+
+def _read_split(body_type: type[Any], frame: bytes, offset: int, marks: list[int]) -> Any:
+    """A body whose split array is read an element at a time (each a short native call,
+    so another thread may take the GIL between them), the rest as a shell with the array
+    empty."""
+    array_start, elements, array_end = marks[0], marks[1:-1], marks[-1]
+    shell_frame = frame[:array_start] + b"\x01" + frame[array_end:]  # compact: 0 elements
+    shell, end = read_entity(body_type, shell_frame, offset)
+    if end != len(shell_frame):  # pragma: no cover - the walk checked this
+        raise EntityDecodeError("trailing bytes after the split body")
+    (field_name, element_type), = _split_fields(body_type)
+    items = []
+    for index, start in enumerate(elements):
+        item, _ = read_entity(element_type, frame, start)
+        items.append(item)
+        if index % YIELD_EVERY == YIELD_EVERY - 1:
+            time.sleep(0)  # let a waiting thread (the event loop) take the GIL now
+    return replace(shell, **{field_name: tuple(items)})
+
+
+def _split_fields(body_type: type[Any]) -> list[tuple[str, type[Any]]]:
+    found = []
+    for entity_field in fields(body_type):
+        if (body_type.__name__, entity_field.name) in SPLIT_ARRAYS:
+            found.append((entity_field.name, get_args(entity_field.type)[0]))
+    return found
 
 
 def _check_body(

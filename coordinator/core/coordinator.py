@@ -23,6 +23,7 @@ from coordinator.assignors.api import (
     ServerAssignor,
 )
 from coordinator.config import ConfigError, GroupConfig, ServerConfig, parse_group_config
+from coordinator.core import describe as describing
 from coordinator.core.group import (
     AssignorInfo,
     Group,
@@ -83,6 +84,8 @@ from coordinator.core.validation import (
     LEAVE_EPOCH,
     STATIC_LEAVE_EPOCH,
     CheckedInstall,
+    check_group_count,
+    check_group_units,
     invalid,
     validate_assignment_caller,
     validate_heartbeat,
@@ -100,7 +103,7 @@ from protocol.messages import (
     ConnectGroupPrepareAssignmentRequest,
     ConnectGroupPrepareAssignmentResponse,
 )
-from protocol.messages.connect_group_describe_response import DescribedGroup, DescribedMember
+from protocol.messages.connect_group_describe_response import DescribedGroup
 from protocol.messages.connect_group_heartbeat_response import Assignment
 from protocol.messages.connect_group_prepare_assignment_response import Member as PreparedMember
 from protocol.messages.connect_group_prepare_assignment_response import MemberAssignor
@@ -379,6 +382,7 @@ class GroupCoordinator:
         )
 
     def _create_group(self, group_id: str, change: _Change) -> Group:
+        check_group_count(len(self.store.groups), self.config.max_groups)
         change.write(group_metadata_record(group_id, INITIAL_EPOCH))
         change.write(target_metadata_record(group_id, INITIAL_EPOCH, 0, None, -1, b""))
         group = self.store.groups[group_id]
@@ -1321,61 +1325,26 @@ class GroupCoordinator:
     # ------------------------------------------------------------------ describe
     def describe(self, request: ConnectGroupDescribeRequest, now_ms: int
                  ) -> ConnectGroupDescribeResponse:
-        groups = []
-        for group_id in request.group_ids:
-            try:
-                groups.append(self.describe_group(group_id))
-            except ApiError as error:
-                groups.append(
-                    DescribedGroup(
-                        error_code=int(error.code),
-                        error_message=error.message,
-                        group_id=group_id,
-                        group_state="DEAD",
-                        group_epoch=-1,
-                        assignment_epoch=-1,
-                        assignor_name=None,
-                        connectors_and_tasks=units_to_wire(EMPTY),
-                        members=(),
-                    )
-                )
-        return ConnectGroupDescribeResponse(throttle_time_ms=0, groups=tuple(groups))
+        return describing.response([self.describe_snapshot(group_id)
+                                    for group_id in request.group_ids])
 
-    def describe_group(self, group_id: str) -> DescribedGroup:
-        if not group_id:
-            raise ApiError(ErrorCode.INVALID_GROUP_ID, "group id must be non-empty")
-        group = self.store.groups.get(group_id)
+    def describe_snapshot(self, group_id: str
+                          ) -> describing.GroupSnapshot | tuple[str, ApiError]:
+        """What describing `group_id` reads, taken now (coordinator/core/describe.py), or
+        the error to describe it with."""
+        group = self.store.groups.get(group_id) if group_id else None
         if group is None:
-            raise ApiError(ErrorCode.GROUP_ID_NOT_FOUND, f"group {group_id} does not exist")
-        members = []
-        for m in sorted(group.members.values(), key=lambda m: m.member_id):
-            current = m.current
-            members.append(
-                DescribedMember(
-                    member_id=m.member_id,
-                    instance_id=m.metadata.instance_id if m.metadata else None,
-                    worker_url=m.metadata.worker_url if m.metadata else "",
-                    member_epoch=current.epoch,
-                    member_state=current.state.name if m.metadata else "UNKNOWN",
-                    assigned=units_to_wire(current.assigned),
-                    pending_revocation=units_to_wire(current.pending_revocation),
-                    target=units_to_wire(group.target.get(m.member_id, EMPTY_TARGET).units),
-                )
-            )
+            return group_id, describing.not_found(group_id)
         assignor = group.assignor_name
         if group.members:
             assignor = self._group_mode(group)[1]
-        return DescribedGroup(
-            error_code=0,
-            error_message=None,
-            group_id=group_id,
-            group_state=group.state,
-            group_epoch=group.epoch,
-            assignment_epoch=group.assignment_epoch,
-            assignor_name=assignor,
-            connectors_and_tasks=units_to_wire(group.units),
-            members=tuple(members),
-        )
+        return describing.snapshot(group, assignor)
+
+    def describe_group(self, group_id: str) -> DescribedGroup:
+        taken = self.describe_snapshot(group_id)
+        if isinstance(taken, tuple):
+            raise taken[1]
+        return describing.build(taken)
 
     def unassigned_units(self, group_id: str) -> frozenset[Unit]:
         """Units in no member's target (e.g. left out on purpose by a client assignor)."""
@@ -1419,6 +1388,9 @@ class GroupCoordinator:
             raise invalid("connector name must be non-empty")
         if isinstance(tasks, bool) or not isinstance(tasks, int) or not 0 <= tasks <= 100_000:
             raise invalid(f"tasks must be an integer between 0 and 100000, got {tasks!r}")
+        existing = self.store.groups.get(group_id)
+        check_group_units(existing.connectors if existing is not None else {}, connector,
+                          tasks, self.config.max_group_units, self.config.max_frame_bytes)
         change = _Change(self.store)
         group = self._group_or_create(group_id, change)
         changed = group.connectors.get(connector) != tasks

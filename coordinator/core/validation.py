@@ -1,11 +1,13 @@
 """Request validation: seed 001's rules and CONTRACT §5.3, each with its own message.
 
 Every function raises ApiError(INVALID_REQUEST, message naming the rule) on the first
-broken rule and returns nothing otherwise. They look only at the request, never at state.
+broken rule and returns nothing otherwise. They look only at the request (and, for the
+limits at the end, at the counts they are given), never at state.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -164,3 +166,32 @@ def check_install(request: Any) -> CheckedInstall | None:
         every |= units
         listed += len(units)
     return CheckedInstall(request, parts, frozenset(every), len(every) != listed)
+
+
+# -- limits (their keys are public: README "Limits") ---------------------------------------
+
+
+def check_group_count(groups: int, maximum: int) -> None:
+    """A new group may be created while fewer than `maximum` exist."""
+    if groups >= maximum:
+        raise invalid(f"the coordinator holds {groups} groups, its limit "
+                      f"(group.coordinator.max.groups): no new group can be created")
+
+
+def check_group_units(connectors: Mapping[str, int], connector: str, tasks: int,
+                      maximum: int, max_frame_bytes: int) -> None:
+    """Setting `connector` to `tasks` tasks keeps the group within `maximum` units (a
+    connector is one unit, each of its tasks another), and keeps the list of them small
+    enough to go out in one frame (a member may be given all of them in one answer)."""
+    changed = dict(connectors)
+    changed[connector] = tasks
+    total = sum(1 + count for count in changed.values())
+    if total > maximum:
+        raise invalid(f"the group would run {total} connectors and tasks, above its limit "
+                      f"of {maximum} (group.connect.max.units)")
+    # a task in an answer: its connector's name with its length, an int32, tagged fields
+    encoded = sum((len(name.encode()) + 6) * (1 + count) for name, count in changed.items())
+    if encoded > max_frame_bytes:
+        raise invalid(f"the group's connectors and tasks would take {encoded} bytes to "
+                      f"list, more than one frame holds ({max_frame_bytes}, "
+                      "server.max.frame.bytes)")

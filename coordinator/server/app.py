@@ -6,6 +6,7 @@ import errno
 import logging
 import os
 import socket
+import sys
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -27,6 +28,7 @@ from coordinator.server.runtime import Clock, RecordSink, Runtime
 from coordinator.storage import LogReplayer, LogSink, compact_periodically, ensure_data_dir
 
 log = structlog.get_logger("connect_coordinator")
+SWITCH_INTERVAL_S = 0.0005
 
 
 @dataclass
@@ -119,6 +121,10 @@ async def run_server(
         for listener in kafka_listeners:
             listener.socket.close()
         raise
+    if tune_process:
+        # A thread decoding a large request or building a large describe holds the GIL
+        # for up to this long before the loop gets it back (default 5 ms).
+        sys.setswitchinterval(SWITCH_INTERVAL_S)
     # One coordinator per data directory: a second one's appends would interleave.
     data_dir_lock: DataDirLock | None = None
     try:
@@ -138,7 +144,7 @@ async def run_server(
         runtime = Runtime(core, config, sink, clock, loader=loader, metrics=metrics)
         if log_sink is not None:
             log_sink.on_failure = runtime.roll_back_writes
-        kafka = KafkaServer(runtime, config.max_frame_bytes)
+        kafka = KafkaServer(runtime)
         admin_stopped = trio.Event()
         http_config = HypercornConfig()
         # hypercorn takes over a duplicate of the bound socket (it closes what it is given).

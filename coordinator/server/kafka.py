@@ -1,18 +1,49 @@
 """The KRPC listener: one task per connection, pipelined requests answered in order.
 
-A bad frame closes only its own connection; a failure while handling one request is
-answered with UNKNOWN_SERVER_ERROR. The server never dies because of a client.
+Nothing a client sends reaches further than its own connection:
+
+- a frame that cannot be cut, a header that does not parse: the connection is closed;
+- a body that does not have its schema's shape, or is over a limit
+  (coordinator/server/limits.py): answered INVALID_REQUEST, the connection kept;
+- anything else that goes wrong while answering: UNKNOWN_SERVER_ERROR, the connection
+  kept; any failure of the connection task itself ends that connection only.
+
+Each connection logs its problems itself, rate-limited (:class:`ProblemLog`): a client
+sending garbage in a loop makes one line every few seconds, not one per frame. Client
+input is logged at warning without a traceback; only the coordinator's own failures
+carry one.
+
+No request holds the event loop for long: what costs in proportion to a request's size is
+bounded by the limits, and a frame above OFFLOAD_DECODE_BYTES is decoded and checked, and
+a describe whose answer is estimated above OFFLOAD_DESCRIBE_BYTES is built and encoded
+(from a snapshot taken on the loop), in the listener's own thread. Large requests take
+turns there, and the thread rests as long as each took (REST_RATIO), so however many
+clients send them they hold the GIL at most half the time.
+
+Connections are capped (`server.max.connections`), a frame must be finished within
+`server.connection.read.timeout.ms` of its first byte, and a connection with nothing
+in flight is closed after `server.connection.idle.timeout.ms`. A connection holds at
+most one frame being read plus the answers to one read (sent once they reach
+SEND_BATCH_BYTES), and reads nothing more until they are sent: a client that does not
+read its answers stops being read from.
 """
 
 from __future__ import annotations
 
+import math
 import time
-from typing import Any
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
 import structlog
 import trio
 
+from coordinator.config import FIELD_KEYS, ServerConfig
+from coordinator.core import describe as describing
+from coordinator.core.validation import CheckedInstall, check_install, install_unit_count
 from coordinator.metrics import api_name
+from coordinator.server.limits import decode_limits, describe_answer_bytes, oversized_field
 from coordinator.server.runtime import NotDurable, Runtime
 from protocol.errors import ErrorCode
 from protocol.fastpath import encode_heartbeat_response
@@ -22,7 +53,9 @@ from protocol.framing import (
     FrameBuffer,
     FrameError,
     FrameTooLarge,
+    MalformedBody,
     MalformedRequest,
+    RequestOverLimit,
     UnsupportedApi,
     api_versions_response,
     decode_request,
@@ -30,24 +63,107 @@ from protocol.framing import (
     error_response,
 )
 
+T = TypeVar("T")
 log = structlog.get_logger("connect_coordinator.kafka")
 HEARTBEAT, PREPARE, INSTALL, DESCRIBE = 1000, 1001, 1002, 1003
 RECEIVE_BYTES = 65536
+LARGE_RECEIVE_BYTES = 1024 * 1024
+# Frames above this are walked and decoded in a background thread (a frame of a few MB
+# takes tens of milliseconds), so that heartbeats are answered meanwhile.
+OFFLOAD_DECODE_BYTES = 64 * 1024
+# Answers to one read are sent once they add up to this much, before the next is built.
+SEND_BATCH_BYTES = 256 * 1024
+# The loop yields to other connections after answering for this long in one read.
+ANSWERING_SLICE_S = 0.002
+PROBLEM_LOG_INTERVAL_S = 10.0
+
+
+# A describe whose answer is estimated above this is built and encoded in a thread.
+OFFLOAD_DESCRIBE_BYTES = 32 * 1024
+
+
+def _encode_described(correlation_id: int,
+                      taken: list[describing.GroupSnapshot | tuple[str, Any]]) -> bytes:
+    return encode_response(DESCRIBE, 0, correlation_id,
+                           describing.response(taken, off_loop=True))
+
+
+# After each large request the listener's thread rests this many times as long as the
+# request took: however many clients send large requests back to back, it holds the GIL
+# at most 1 / (1 + REST_RATIO) of the time, and the loop the rest. Clients wait instead.
+REST_RATIO = 1.0
+
+
+def _then_rest(fn: Callable[..., T], *args: Any) -> T:
+    started = time.perf_counter()
+    try:
+        return fn(*args)
+    finally:
+        time.sleep((time.perf_counter() - started) * REST_RATIO)
+
+
+class ProblemLog:
+    """One connection's (or the listener's) problem lines: the first of each kind at once,
+    then at most one line per `interval_s`, telling how many were not logged since."""
+
+    def __init__(self, interval_s: float = PROBLEM_LOG_INTERVAL_S, **context: Any) -> None:
+        self.interval_s = interval_s
+        self.context = context
+        self._last: dict[str, float] = {}
+        self._suppressed: dict[str, int] = {}
+
+    def _due(self, event: str) -> int | None:
+        now = time.monotonic()
+        if now - self._last.get(event, -math.inf) < self.interval_s:
+            self._suppressed[event] = self._suppressed.get(event, 0) + 1
+            return None
+        self._last[event] = now
+        return self._suppressed.pop(event, 0)
+
+    def warning(self, event: str, **fields: Any) -> None:
+        suppressed = self._due(event)
+        if suppressed is not None:
+            log.warning(event, **self.context, **fields, suppressed=suppressed)
+
+    def error(self, event: str, **fields: Any) -> None:
+        """The coordinator's own failure: with the traceback of the exception handled."""
+        suppressed = self._due(event)
+        if suppressed is not None:
+            log.error(event, **self.context, **fields, suppressed=suppressed, exc_info=True)
+
+
+def _peer(stream: trio.SocketStream) -> str | None:
+    try:
+        address = stream.socket.getpeername()
+    except OSError:
+        return None
+    return f"{address[0]}:{address[1]}" if isinstance(address, tuple) else str(address)
 
 
 class KafkaServer:
-    def __init__(self, runtime: Runtime, max_frame_bytes: int) -> None:
+    def __init__(self, runtime: Runtime, max_frame_bytes: int | None = None) -> None:
         self.runtime = runtime
-        self.max_frame_bytes = max_frame_bytes
+        config: ServerConfig = runtime.config
+        self.config = config
+        self.max_frame_bytes = (config.max_frame_bytes if max_frame_bytes is None
+                                else max_frame_bytes)
+        self.decode_limits = decode_limits(config)
         self.in_flight = 0
+        self.open_connections = 0
+        self._refusals = ProblemLog()
         self._idle = trio.Event()
         self._idle.set()
         self._accepting: trio.CancelScope | None = None
         self._connections: trio.CancelScope | None = None
+        # Our own threads for big decodes and describes: at the loop's priority. A thread
+        # of trio's cache may have been made a background one (scheduling.py), and one of
+        # those holding the GIL while the OS runs others made heartbeats wait for it
+        # (a p99 of 200 ms in `bench hostile`).
+        # One: large requests take their turn, however many connections send them.
+        self._decoders = ThreadPoolExecutor(max_workers=1, thread_name_prefix="krpc-decode")
         self._operations = {
             HEARTBEAT: runtime.heartbeat,
             PREPARE: runtime.prepare_assignment,
-            INSTALL: runtime.install_assignment,  # large ones are checked in a thread first
         }
 
     async def serve(self, host: str, port: int, *,
@@ -70,7 +186,24 @@ class KafkaServer:
                     self._close(listeners)
         finally:
             self._close(listeners)
+            self._decoders.shutdown(wait=False, cancel_futures=True)
         log.info("kafka_listener_closed")
+
+    async def _off_loop(self, fn: Callable[..., T], *args: Any) -> T:
+        """`fn(*args)` in one of the listener's threads; the loop goes on meanwhile."""
+        token = trio.lowlevel.current_trio_token()
+        done = trio.Event()
+        future = self._decoders.submit(_then_rest, fn, *args)
+
+        def wake(_: object) -> None:
+            try:
+                token.run_sync_soon(done.set)
+            except trio.RunFinishedError:
+                pass  # the server stopped meanwhile; nobody waits any more
+
+        future.add_done_callback(wake)
+        await done.wait()  # if cancelled, the work finishes unobserved: it changes nothing
+        return future.result()
 
     @staticmethod
     def _close(listeners: list[trio.SocketListener]) -> None:
@@ -85,6 +218,15 @@ class KafkaServer:
                 log.warning("accept_failed", error=str(error))
                 await trio.sleep(0.1)
                 continue
+            if self.open_connections >= self.config.max_connections:
+                self.runtime.metrics.reject("connection_limit")
+                self._refusals.warning(
+                    "connection_refused", peer=_peer(stream),
+                    reason=f"{self.open_connections} connections open, the limit "
+                           f"({FIELD_KEYS['max_connections']})")
+                stream.socket.close()
+                continue
+            self.open_connections += 1
             nursery.start_soon(self._connection, stream)
 
     async def drain(self, timeout_s: float) -> None:
@@ -99,69 +241,120 @@ class KafkaServer:
     async def _connection(self, stream: trio.SocketStream) -> None:
         metrics = self.runtime.metrics
         metrics.connections.inc()
-        frames = FrameBuffer(self.max_frame_bytes)
-        try:
-            peer = stream.socket.getpeername()
-        except OSError:
-            peer = None
+        problems = ProblemLog(peer=_peer(stream))
         try:
             async with stream:
-                while True:
-                    try:
-                        data = await stream.receive_some(RECEIVE_BYTES)
-                    except trio.BrokenResourceError:
-                        return
-                    if not data:
-                        if frames.buffered_bytes:
-                            metrics.reject("truncated")
-                            log.warning("truncated_frame", peer=peer,
-                                        buffered=frames.buffered_bytes)
-                        return
-                    try:
-                        frames.feed(data)
-                    except FrameError as error:
-                        reason = "oversize" if isinstance(error, FrameTooLarge) else "malformed"
-                        metrics.reject(reason)
-                        log.warning("bad_frame_closing_connection", peer=peer, error=str(error))
-                        return
-                    # Answers to the frames of one read go out in one write, in order.
-                    answers: list[bytes] = []
-                    closing = False
-                    for frame in frames:
-                        answer = await self._answer(frame, peer)
-                        if answer is None:
-                            metrics.reject("malformed")
-                            closing = True
-                            break
-                        answers.append(answer)
-                    if answers:
-                        try:
-                            await stream.send_all(b"".join(answers))
-                        except (trio.BrokenResourceError, trio.ClosedResourceError):
-                            return
-                    if closing:
-                        return
+                await self._converse(stream, problems)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass  # the peer went away
+        except Exception:  # never further than this connection
+            problems.error("connection_failed")
         finally:
+            self.open_connections -= 1
             metrics.connections.dec()
 
-    async def _answer(self, frame: bytes, peer: Any) -> bytes | None:
+    async def _converse(self, stream: trio.SocketStream, problems: ProblemLog) -> None:
+        metrics = self.runtime.metrics
+        config = self.config
+        read_timeout_s = config.connection_read_timeout_ms / 1000
+        idle_timeout_s = config.connection_idle_timeout_ms / 1000
+        frames = FrameBuffer(self.max_frame_bytes)
+        last_answer = trio.current_time()
+        frame_started = 0.0  # when the first byte of the frame being read arrived
+        while True:
+            if frames.buffered_bytes:
+                deadline, reason = frame_started + read_timeout_s, "read_timeout"
+            else:
+                deadline, reason = last_answer + idle_timeout_s, "idle_timeout"
+            data: bytes | bytearray | None = None
+            with trio.move_on_at(deadline):
+                # A large frame is read in large steps: fewer turns of the loop for it.
+                data = await stream.receive_some(
+                    min(max(RECEIVE_BYTES, frames.missing_bytes), LARGE_RECEIVE_BYTES))
+            if data is None:
+                metrics.reject(reason)
+                key = ("connection_read_timeout_ms" if reason == "read_timeout"
+                       else "connection_idle_timeout_ms")
+                problems.warning("connection_timed_out", reason=reason,
+                                 buffered=frames.buffered_bytes, limit=FIELD_KEYS[key])
+                return
+            if not data:
+                if frames.buffered_bytes:
+                    metrics.reject("truncated")
+                    problems.warning("truncated_frame", buffered=frames.buffered_bytes)
+                return
+            was_reading = frames.buffered_bytes > 0
+            try:
+                frames.feed(data)
+            except FrameError as error:
+                reason = "oversize" if isinstance(error, FrameTooLarge) else "malformed"
+                metrics.reject(reason)
+                problems.warning("bad_frame_closing_connection", error=str(error))
+                return
+            del data
+            # Answers to the frames of one read go out together, in order.
+            answers: list[bytes] = []
+            pending = 0
+            closing = False
+            sliced = time.perf_counter()
+            completed = False
+            for frame in frames:
+                completed = True
+                answer = await self._answer(frame, problems)
+                if answer is None:
+                    metrics.reject("malformed")
+                    closing = True
+                    break
+                answers.append(answer)
+                pending += len(answer)
+                if pending >= SEND_BATCH_BYTES:
+                    await stream.send_all(b"".join(answers))
+                    answers, pending = [], 0
+                if time.perf_counter() - sliced > ANSWERING_SLICE_S:
+                    await trio.lowlevel.checkpoint()  # let other connections in
+                    sliced = time.perf_counter()
+            if answers:
+                await stream.send_all(b"".join(answers))
+            if closing:
+                return
+            now = trio.current_time()
+            if completed:
+                last_answer = now
+            if frames.buffered_bytes and (completed or not was_reading):
+                frame_started = now
+
+    async def _answer(self, frame: bytes, problems: ProblemLog) -> bytes | None:
         """The framed response, or None when the connection must close."""
         started = time.perf_counter()
         try:
-            request = decode_request(frame)
+            if len(frame) > OFFLOAD_DECODE_BYTES:
+                request, problem, checked = await self._off_loop(self._decode, frame, True)
+            else:
+                request, problem, checked = self._decode(frame, False)
         except UnsupportedApi as error:
             self._count(error.api_key, ErrorCode.UNSUPPORTED_VERSION, started)
             return error_response(error.api_key, error.api_version, error.correlation_id,
                                   ErrorCode.UNSUPPORTED_VERSION, str(error))
+        except MalformedBody as error:  # the frame boundary holds: answer it
+            self.runtime.metrics.reject(
+                "over_limit" if isinstance(error, RequestOverLimit) else "invalid")
+            problems.warning("bad_request", api=api_name(error.api_key), error=str(error))
+            self._count(error.api_key, ErrorCode.INVALID_REQUEST, started)
+            return error_response(error.api_key, error.api_version, error.correlation_id,
+                                  ErrorCode.INVALID_REQUEST, str(error))
         except MalformedRequest as error:
-            log.warning("malformed_request_closing_connection", peer=peer, error=str(error))
+            problems.warning("malformed_request_closing_connection", error=str(error))
             return None
         self.in_flight += 1
         self._idle = trio.Event() if self.in_flight == 1 else self._idle
         try:
-            answer, code = await self._dispatch(request)
+            if problem is not None:
+                answer, code = self._refuse(request, problems, problem,
+                                            getattr(request.body, "group_ids", ()))
+            else:
+                answer, code = await self._dispatch(request, problems, checked)
         except Exception as error:
-            log.exception("request_failed", api=api_name(request.api_key))
+            problems.error("request_failed", api=api_name(request.api_key))
             code = ErrorCode.UNKNOWN_SERVER_ERROR
             answer = error_response(request.api_key, request.api_version,
                                     request.correlation_id, code,
@@ -173,10 +366,36 @@ class KafkaServer:
         self._count(request.api_key, code, started)
         return answer
 
+    def _decode(self, frame: bytes, off_loop: bool
+                ) -> tuple[DecodedRequest, str | None, CheckedInstall | None]:
+        """The request; what in it is over a length limit (coordinator/server/limits.py);
+        off the loop, a large Install's `check_install` too (here, rather than in the
+        runtime's background threads, whose lower priority made the loop wait for the
+        GIL they held)."""
+        request = decode_request(frame, self.decode_limits)
+        if request.api_key == API_VERSIONS:
+            return request, None, None
+        problem = oversized_field(request.api_key, request.body, self.config)
+        checked = None
+        if (off_loop and problem is None and request.api_key == INSTALL
+                and install_unit_count(request.body) >= self.runtime.install_offload_units):
+            checked = check_install(request.body)
+        return request, problem, checked
+
     def _count(self, api_key: int, code: int, started: float) -> None:
         self.runtime.metrics.observe_request(api_key, code, time.perf_counter() - started)
 
-    async def _dispatch(self, request: DecodedRequest) -> tuple[bytes, int]:
+    def _refuse(self, request: DecodedRequest, problems: ProblemLog, message: str,
+                group_ids: tuple[str, ...] = ()) -> tuple[bytes, int]:
+        """INVALID_REQUEST for a request over a limit (`message` names it)."""
+        self.runtime.metrics.reject("over_limit")
+        problems.warning("bad_request", api=api_name(request.api_key), error=message)
+        code = ErrorCode.INVALID_REQUEST
+        return error_response(request.api_key, request.api_version, request.correlation_id,
+                              code, message, group_ids=group_ids), code
+
+    async def _dispatch(self, request: DecodedRequest, problems: ProblemLog,
+                        checked: CheckedInstall | None = None) -> tuple[bytes, int]:
         key, version, correlation = request.api_key, request.api_version, request.correlation_id
         if key == API_VERSIONS:
             body = api_versions_response(version)
@@ -188,10 +407,27 @@ class KafkaServer:
             return error_response(key, version, correlation, code,
                                   "the coordinator is loading its log", group_ids=group_ids), code
         if key == DESCRIBE:
-            response: Any = runtime.describe(request.body)
-            return encode_response(key, version, correlation, response), ErrorCode.NONE
+            estimate = describe_answer_bytes(runtime.core, group_ids, self.max_frame_bytes)
+            if estimate > self.max_frame_bytes:
+                return self._refuse(
+                    request, problems,
+                    f"the answer would take more than {self.max_frame_bytes} bytes "
+                    f"({FIELD_KEYS['max_frame_bytes']}): describe fewer groups at once",
+                    group_ids=group_ids)
+            taken = [runtime.core.describe_snapshot(group_id) for group_id in group_ids]
+            if estimate <= OFFLOAD_DESCRIBE_BYTES:
+                return encode_response(key, version, correlation,
+                                       describing.response(taken)), ErrorCode.NONE
+            # Building and encoding take about a microsecond per answer byte: in a thread,
+            # from the snapshots, while the loop answers heartbeats.
+            answer = await self._off_loop(_encode_described, correlation, taken)
+            return answer, ErrorCode.NONE
+        response: Any
         try:
-            response = await self._operations[key](request.body)
+            if key == INSTALL:
+                response = await runtime.install_assignment(request.body, checked)
+            else:
+                response = await self._operations[key](request.body)
         except NotDurable:
             code = ErrorCode.COORDINATOR_NOT_AVAILABLE
             return error_response(key, version, correlation, code,

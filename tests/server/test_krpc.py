@@ -109,11 +109,6 @@ async def test_unsupported_version_is_answered_and_connection_stays(server: Serv
     "payload",
     [
         pytest.param(framed(b"\x00\x01"), id="header-too-short"),
-        pytest.param(framed(raw_header(HEARTBEAT, 0, 1) + b"\xff\xff"), id="garbage-body"),
-        pytest.param(
-            framed(encode_request(API_VERSIONS, 0, 1, "t", api_versions_request(0))[4:] + b"junk"),
-            id="trailing-bytes",
-        ),
         pytest.param(struct.pack(">i", -5) + b"abc", id="negative-size"),
         pytest.param(struct.pack(">i", 1 << 20), id="oversize"),
     ],
@@ -129,6 +124,35 @@ async def test_bad_frames_close_only_their_connection(server: ServerHandle, payl
         frame = await read_frame(bystander, FrameBuffer(1 << 20))
         assert frame is not None and decode_response(frame, API_VERSIONS, 0)[0] == 9
     await assert_still_serving(server)
+
+
+@pytest.mark.parametrize(
+    ("payload", "api_key"),
+    [
+        pytest.param(framed(raw_header(HEARTBEAT, 0, 1) + b"\xff\xff"), HEARTBEAT,
+                     id="garbage-body"),
+        pytest.param(
+            framed(encode_request(API_VERSIONS, 0, 1, "t", api_versions_request(0))[4:] + b"junk"),
+            API_VERSIONS, id="trailing-bytes",
+        ),
+    ],
+)
+async def test_bad_bodies_are_answered_invalid_request(server: ServerHandle, payload: bytes,
+                                                       api_key: int) -> None:
+    """The frame boundary holds, so a body that does not parse is answered, and the
+    connection goes on."""
+    stream = await connect(server)
+    async with stream:
+        buffer = FrameBuffer(1 << 20)
+        await stream.send_all(payload)
+        frame = await read_frame(stream, buffer)
+        assert frame is not None
+        correlation, body = decode_response(frame, api_key, 0)
+        assert correlation == 1
+        assert int(body.error_code) == ErrorCode.INVALID_REQUEST
+        await stream.send_all(encode_request(API_VERSIONS, 0, 9, "t", api_versions_request(0)))
+        frame = await read_frame(stream, buffer)
+        assert frame is not None and decode_response(frame, API_VERSIONS, 0)[0] == 9
 
 
 async def test_truncated_frame_at_eof(server: ServerHandle) -> None:

@@ -1,0 +1,314 @@
+"""`connect-coordinator bench hostile`: healthy members' heartbeat latency while an attacker
+sends the worst requests the limits still let through, back to back.
+
+Who runs where (separate OS processes, so the attacker's CPU is not the coordinator's):
+
+* the coordinator: `connect-coordinator serve --in-memory` on free ports, default limits;
+* HEALTHY members in group "healthy", in this process: joined once, then each heartbeats
+  every INTERVAL_MS on its own connection; every heartbeat's latency is recorded, and any
+  error (a member evicted or fenced) is counted;
+* ATTACKERS processes per attack, each on its own connection sending the attack's request
+  again as soon as the previous one is answered (or reconnecting if it was closed).
+
+Each attack runs for SECONDS after a quiet baseline window of the same length. The attacks
+are the most expensive requests that are not refused early, plus two that are refused
+only after the whole frame has been read:
+
+* `describe-largest`: a describe of a group whose answer is just under the frame limit
+  (one connector of long-named tasks; built and encoded off the event loop);
+* `describe-max-ids`: the most group ids a describe may name, none of them existing;
+* `heartbeat-max-owned`: a heartbeat owning the most units it may (short names);
+* `install-max`: an Install of the most members and units it may list, from a member
+  that is not in the group;
+* `unknown-tags-max-frame`: a heartbeat whose tagged-field section holds the most unknown
+  tagged fields a section may (MAX_TAGGED_FIELDS), filling a frame of the maximum size;
+* `long-url-max-frame`: a heartbeat whose worker url fills a frame of the maximum size
+  (refused once decoded);
+* `garbage`: frames of the maximum size whose body does not parse.
+
+Target (issue "Hostile and oversized input"): p99 < 20 ms under every attack, no eviction.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import socket
+import statistics
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from typing import Any
+
+import trio
+
+from coordinator.client import KafkaClient
+from coordinator.config import ServerConfig
+from coordinator.urls import open_url
+from protocol._codec import INT32, uvarint
+from protocol.framing import FrameBuffer, encode_request
+from protocol.guard import MAX_TAGGED_FIELDS
+from protocol.messages import (
+    ConnectGroupDescribeRequest,
+    ConnectGroupHeartbeatRequest,
+    ConnectGroupInstallAssignmentRequest,
+    ConnectorsAndTasks,
+)
+from protocol.messages.common import ConnectorTaskId
+from protocol.messages.connect_group_install_assignment_request import MemberAssignment
+
+HEARTBEAT, DESCRIBE, INSTALL = 1000, 1003, 1002
+DEFAULTS = ServerConfig()
+
+
+def _framed(payload: bytes) -> bytes:
+    return INT32.pack(len(payload)) + payload
+
+
+def _request(api_key: int, body: Any) -> bytes:
+    return encode_request(api_key, 0, 1, "attacker", body)
+
+
+def _owned(tasks: int, name: str = "c") -> ConnectorsAndTasks:
+    return ConnectorsAndTasks(connectors=(), tasks=tuple(
+        ConnectorTaskId(connector=name, task=index) for index in range(tasks)))
+
+
+def wide_group_tasks(config: ServerConfig) -> int:
+    """Tasks of a connector with a name of the longest allowed whose describe answer is
+    estimated just under the frame limit (coordinator/server/limits.py's estimate)."""
+    per_unit = config.max_id_bytes + 6
+    return int(config.max_frame_bytes * 0.95) // (3 * per_unit) - 1
+
+
+def attacks(config: ServerConfig) -> dict[str, bytes]:
+    """Attack name -> the framed request it sends over and over."""
+    frame_room = config.max_frame_bytes - 1_024
+    heartbeat = ConnectGroupHeartbeatRequest(group_id="target", member_id="attacker",
+                                             member_epoch=5)
+    plain = _request(HEARTBEAT, heartbeat)[4:]
+    # as many unknown tagged fields as a section may hold, filling the frame with data
+    fields = MAX_TAGGED_FIELDS
+    size = (frame_room - len(plain)) // fields - 8
+    tag = uvarint(size) + b"\x00" * size
+    tagged = _framed(plain[:-1] + uvarint(fields)
+                     + b"".join(uvarint(number) + tag for number in range(fields)))
+    url = ConnectGroupHeartbeatRequest(group_id="target", member_id="attacker",
+                                       member_epoch=0, rebalance_timeout_ms=1_000,
+                                       worker_url="u" * (frame_room - 100))
+    units_per_member = config.max_group_units // config.max_size
+    members = tuple(
+        MemberAssignment(member_id=f"member-{index}",
+                         assigned=ConnectorsAndTasks(connectors=(), tasks=tuple(
+                             ConnectorTaskId(connector="c", task=index * units_per_member + t)
+                             for t in range(units_per_member))),
+                         version=1, metadata=b"")
+        for index in range(config.max_size))
+    install = ConnectGroupInstallAssignmentRequest(group_id="target", member_id="attacker",
+                                                   member_epoch=1, group_epoch=1, error=0,
+                                                   members=members)
+    garbage_header = _request(DESCRIBE, ConnectGroupDescribeRequest(group_ids=()))[4:-2]
+    return {
+        "describe-largest": _request(DESCRIBE, ConnectGroupDescribeRequest(group_ids=("wide",))),
+        "describe-max-ids": _request(DESCRIBE, ConnectGroupDescribeRequest(
+            group_ids=tuple(f"no-such-group-{index}"
+                            for index in range(config.max_describe_groups)))),
+        "heartbeat-max-owned": _request(HEARTBEAT, ConnectGroupHeartbeatRequest(
+            group_id="target", member_id="attacker", member_epoch=5,
+            owned_connectors_and_tasks=_owned(config.max_owned_units))),
+        "install-max": _request(INSTALL, install),
+        "unknown-tags-max-frame": tagged,
+        "long-url-max-frame": _request(HEARTBEAT, url),
+        "garbage": _framed(garbage_header + b"\x02" + b"\xff" * (frame_room - 100)),
+    }
+
+
+def attack(port: int, frame: bytes, seconds: float, result: Any) -> None:
+    """In an attacker process: send `frame`, read its answer, again, for `seconds`."""
+    sent = answered = closed = 0
+    deadline = time.monotonic() + seconds
+    sock: socket.socket | None = None
+    buffer = FrameBuffer(1 << 30)
+    while time.monotonic() < deadline:
+        if sock is None:
+            sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+            buffer = FrameBuffer(1 << 30)
+        try:
+            sock.sendall(frame)
+            sent += 1
+            while buffer.next_frame() is None:
+                data = sock.recv(1 << 20)
+                if not data:
+                    raise ConnectionError
+                buffer.feed(data)
+            answered += 1
+        except (OSError, ConnectionError):
+            closed += 1
+            sock.close()
+            sock = None
+    if sock is not None:
+        sock.close()
+    result.put({"sent": sent, "answered": answered, "closed": closed})
+
+
+class Healthy:
+    """The healthy members: each heartbeats every `interval_s` on its own connection from
+    `start` until `stop`; each latency is kept with when it was sent."""
+
+    def __init__(self, port: int, members: int, interval_s: float) -> None:
+        self.port = port
+        self.members = members
+        self.interval_s = interval_s
+        self.samples: list[tuple[float, float]] = []  # (sent at, latency), monotonic s
+        self.errors: list[tuple[float, str]] = []
+        self.stop = trio.Event()
+
+    async def run(self) -> None:
+        async with trio.open_nursery() as nursery:
+            for index in range(self.members):
+                nursery.start_soon(self.member, f"healthy-{index}")
+
+    async def member(self, name: str) -> None:
+        async with await KafkaClient.connect("127.0.0.1", self.port) as client:
+            epoch = 0
+            while not self.stop.is_set():
+                joining = epoch == 0
+                request = ConnectGroupHeartbeatRequest(
+                    group_id="healthy", member_id=name, member_epoch=epoch,
+                    worker_url=f"http://{name}:8083" if joining else None,
+                    rebalance_timeout_ms=30_000 if joining else -1)
+                started = time.perf_counter()
+                response = await client.request(HEARTBEAT, request)
+                if epoch:  # the join is not timed
+                    self.samples.append((started, time.perf_counter() - started))
+                if response.error_code:
+                    self.errors.append((started, f"{name}: {response.error_code} "
+                                                 f"{response.error_message}"))
+                    epoch = 0
+                else:
+                    epoch = response.member_epoch
+                await trio.sleep(self.interval_s)
+
+    def between(self, start: float, end: float) -> tuple[list[float], list[str]]:
+        return ([latency for sent, latency in self.samples if start <= sent < end],
+                [error for sent, error in self.errors if start <= sent < end])
+
+
+def _summary(latencies: list[float]) -> dict[str, float]:
+    if not latencies:
+        return {"count": 0}
+    ordered = sorted(latencies)
+
+    def at(share: float) -> float:
+        return round(ordered[min(len(ordered) - 1, int(share * len(ordered)))] * 1000, 2)
+
+    return {"count": len(ordered), "p50_ms": at(0.5), "p99_ms": at(0.99),
+            "max_ms": round(ordered[-1] * 1000, 2),
+            "mean_ms": round(statistics.fmean(ordered) * 1000, 2)}
+
+
+async def window(port: int, args: argparse.Namespace, healthy: Healthy,
+                 frame: bytes | None) -> dict[str, Any]:
+    """`args.seconds` of healthy heartbeats while attacker processes send `frame`."""
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    processes = []
+    if frame is not None:
+        processes = [context.Process(target=attack, args=(port, frame, args.seconds, results))
+                     for _ in range(args.attackers)]
+        for process in processes:
+            process.start()
+        await trio.sleep(0.5)  # the attackers' start-up (spawned interpreters) is not timed
+    start = time.perf_counter()
+    await trio.sleep(args.seconds - (0.5 if frame is not None else 0))
+    latencies, errors = healthy.between(start, time.perf_counter())
+    sent = {"sent": 0, "answered": 0, "closed": 0}
+    for process in processes:
+        outcome = await trio.to_thread.run_sync(results.get, True, 120)
+        for key in sent:
+            sent[key] += outcome[key]
+        await trio.to_thread.run_sync(process.join)
+    return {**_summary(latencies), "errors": len(errors), "first_errors": errors[:3],
+            "attack": sent if frame is not None else None}
+
+
+async def set_up(admin: str, config: ServerConfig) -> None:
+    """The group whose describe is the largest legal answer."""
+    name = "w" * config.max_id_bytes
+    tasks = wide_group_tasks(config)
+    request = urllib.request.Request(f"{admin}/groups/wide/connectors/{name}",
+                                     data=json.dumps({"tasks": tasks}).encode(), method="PUT",
+                                     headers={"content-type": "application/json"})
+
+    def put() -> None:
+        with open_url(request, 30) as response:
+            response.read()
+
+    await trio.to_thread.run_sync(put)
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    from bench.heartbeats import _subprocess
+
+    config = DEFAULTS
+    frames = attacks(config)
+    chosen = args.attack or list(frames)
+    rows: dict[str, Any] = {}
+    target_args = argparse.Namespace(in_memory=True, set=[])
+    async with _subprocess(target_args) as target:
+        await set_up(target.admin, config)
+        healthy = Healthy(target.port, args.healthy, args.interval_ms / 1000)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(healthy.run)
+            await trio.sleep(args.warm_up)  # joined and STABLE before anything is timed
+            rows["baseline"] = await window(target.port, args, healthy, None)
+            for name in chosen:
+                rows[name] = await window(target.port, args, healthy, frames[name])
+                rows[name]["frame_bytes"] = len(frames[name])
+            healthy.stop.set()
+    return rows
+
+
+def _line(name: str, row: dict[str, Any]) -> str:
+    attack = row.get("attack") or {}
+    return (f"  {name:24} p50 {row.get('p50_ms', 0):7.2f}  p99 {row.get('p99_ms', 0):7.2f}  "
+            f"max {row.get('max_ms', 0):8.2f} ms  n={row.get('count', 0):5}  "
+            f"errors={row['errors']}  attack requests={attack.get('sent', '-')}")
+
+
+def main(argv: list[str] | None = None, *, printer: Callable[[str], None] = print) -> int:
+    parser = argparse.ArgumentParser(prog="connect-coordinator bench hostile",
+                                     description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=float, default=5.0, help="per window")
+    parser.add_argument("--warm-up", type=float, default=3.0,
+                        help="seconds for the healthy members to join before timing")
+    parser.add_argument("--healthy", type=int, default=10, help="healthy members")
+    parser.add_argument("--interval-ms", type=float, default=20.0,
+                        help="each healthy member's pause between heartbeats")
+    parser.add_argument("--attackers", type=int, default=2,
+                        help="attacker processes (connections) per attack")
+    parser.add_argument("--attack", action="append", choices=sorted(attacks(DEFAULTS)),
+                        help="run only this attack (repeatable; default: all)")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    rows = trio.run(run, args)
+    if args.json:
+        printer(json.dumps(rows))
+    else:
+        printer(f"Healthy heartbeats ({args.healthy} members, every {args.interval_ms:g} ms) "
+                f"while {args.attackers} attackers send each request back to back, "
+                f"{args.seconds:g} s each:")
+        for name, row in rows.items():
+            printer(_line(name, row))
+        worst = max(row.get("p99_ms", 0) for row in rows.values())
+        evicted = sum(row["errors"] for row in rows.values())
+        printer(f"worst p99 {worst:.2f} ms (target < 20), healthy errors {evicted} "
+                f"(target 0)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
