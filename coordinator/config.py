@@ -49,6 +49,10 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     max_group_units: Annotated[int, Meta(ge=1, le=10_000_000)] = 100_000
     max_describe_groups: Annotated[int, Meta(ge=1, le=1_000_000)] = 1_000
     max_groups: Annotated[int, Meta(ge=1, le=10_000_000)] = 10_000
+    # A group with no members and no connectors is deleted after this long (7 days, as
+    # Kafka keeps a consumer group's offsets).
+    empty_group_retention_ms: Annotated[int, Meta(ge=1_000, le=365 * 24 * MS_HOUR)] = (
+        7 * 24 * MS_HOUR)
     shutdown_timeout_ms: Annotated[int, Meta(ge=0, le=600_000)] = 10_000
     log_segment_bytes: Annotated[int, Meta(ge=4_096, le=2**31 - 1)] = 64 * 1024 * 1024
     log_compaction_interval_ms: Annotated[int, Meta(ge=1_000, le=24 * MS_HOUR)] = 600_000
@@ -87,6 +91,7 @@ CONFIG_KEYS: dict[str, str] = {
     "group.connect.max.units": "max_group_units",
     "group.connect.max.describe.groups": "max_describe_groups",
     "group.coordinator.max.groups": "max_groups",
+    "group.connect.empty.group.retention.ms": "empty_group_retention_ms",
     "server.shutdown.timeout.ms": "shutdown_timeout_ms",
     "log.segment.bytes": "log_segment_bytes",
     "log.compaction.interval.ms": "log_compaction_interval_ms",

@@ -37,8 +37,8 @@ from protocol.messages import (
     ConnectGroupMemberMetadataValue,
     ConnectGroupMetadataKey,
     ConnectGroupMetadataValue,
-    ConnectGroupRebalanceScheduleKey,
-    ConnectGroupRebalanceScheduleValue,
+    ConnectGroupDeadlinesKey,
+    ConnectGroupDeadlinesValue,
     ConnectGroupTargetAssignmentMemberKey,
     ConnectGroupTargetAssignmentMemberValue,
     ConnectGroupTargetAssignmentMetadataKey,
@@ -54,7 +54,7 @@ RecordKey: TypeAlias = (
     | ConnectGroupTargetAssignmentMemberKey
     | ConnectGroupCurrentMemberAssignmentKey
     | ConnectGroupConfigurationKey
-    | ConnectGroupRebalanceScheduleKey
+    | ConnectGroupDeadlinesKey
 )
 RecordValue: TypeAlias = (
     ConnectGroupMetadataValue
@@ -64,7 +64,7 @@ RecordValue: TypeAlias = (
     | ConnectGroupTargetAssignmentMemberValue
     | ConnectGroupCurrentMemberAssignmentValue
     | ConnectGroupConfigurationValue
-    | ConnectGroupRebalanceScheduleValue
+    | ConnectGroupDeadlinesValue
 )
 
 _Entity = TypeVar("_Entity", RecordKey, RecordValue)
@@ -77,7 +77,7 @@ _PAIRS: tuple[tuple[type[RecordKey], type[RecordValue]], ...] = (
     (ConnectGroupTargetAssignmentMemberKey, ConnectGroupTargetAssignmentMemberValue),
     (ConnectGroupCurrentMemberAssignmentKey, ConnectGroupCurrentMemberAssignmentValue),
     (ConnectGroupConfigurationKey, ConnectGroupConfigurationValue),
-    (ConnectGroupRebalanceScheduleKey, ConnectGroupRebalanceScheduleValue),
+    (ConnectGroupDeadlinesKey, ConnectGroupDeadlinesValue),
 )
 
 RECORD_TYPES: dict[int, tuple[type[RecordKey], type[RecordValue]]] = {

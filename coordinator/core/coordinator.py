@@ -36,7 +36,7 @@ from coordinator.core.group import (
     current_assignment_record,
     group_metadata_record,
     member_metadata_record,
-    rebalance_schedule_record,
+    deadlines_record,
     resized_connectors_record,
     target_member_record,
     target_metadata_record,
@@ -54,6 +54,7 @@ from coordinator.core.result import (
     ASSIGNMENT_TIMER,
     ASSIGNOR_TIMER,
     CLIENT_MODE,
+    EXPIRY_TIMER,
     REVOCATION_TIMER,
     SERVER_MODE,
     SESSION_TIMER,
@@ -226,6 +227,9 @@ class GroupCoordinator:
             elif group.rerun_at_ms is not None:
                 operations.append(TimerSet(_timer(ASSIGNMENT_TIMER, group_id),
                                            max(now_ms, group.rerun_at_ms)))
+            if group.expire_at_ms is not None:
+                operations.append(TimerSet(_timer(EXPIRY_TIMER, group_id),
+                                           max(now_ms, group.expire_at_ms)))
         return operations
 
     # ------------------------------------------------------------------ config
@@ -493,6 +497,7 @@ class GroupCoordinator:
         change.write(member_metadata_record(group.group_id, member_id, metadata))
         change.write(current_assignment_record(group.group_id, member_id, CurrentAssignment()))
         self._bump(group, change, trigger=TRIGGER_MEMBER_JOINED, member_id=member_id)
+        self._note_idleness(group, change, now_ms)
         change.event(
             "member_joined",
             group,
@@ -681,6 +686,7 @@ class GroupCoordinator:
         )
         if bump:
             self._bump(group, change, trigger=_REMOVAL_TRIGGERS[reason], member_id=member_id)
+        self._note_idleness(group, change, now_ms)
 
     def _reconcile(
         self,
@@ -1046,7 +1052,7 @@ class GroupCoordinator:
                 TimerSet(_timer(ASSIGNMENT_TIMER, group.group_id), max(rerun_at_ms, now_ms))
             )
         if rerun_at_ms != group.rerun_at_ms:
-            change.write(rebalance_schedule_record(group.group_id, rerun_at_ms))
+            change.write(deadlines_record(group.group_id, rerun_at_ms, group.expire_at_ms))
 
     def _install_target(
         self,
@@ -1309,6 +1315,13 @@ class GroupCoordinator:
                 mode, name = self._group_mode(group)
                 if mode == CLIENT_MODE:
                     self._choose_worker(group, name, change, exclude=chosen)
+        elif kind == EXPIRY_TIMER:
+            expire_at = group.expire_at_ms
+            if expire_at is not None and now_ms >= expire_at and not group.members \
+                    and not group.connectors:
+                change.event("group_expired", group,
+                             retention_ms=self.config.empty_group_retention_ms)
+                self._delete(group, change)
         elif kind == ASSIGNMENT_TIMER:
             rerun = group.rerun_at_ms
             if (
@@ -1317,7 +1330,7 @@ class GroupCoordinator:
                 and group.epoch == group.assignment_epoch
                 and group.members
             ):
-                change.write(rebalance_schedule_record(group_id, None))
+                change.write(deadlines_record(group_id, None, group.expire_at_ms))
                 self._bump(group, change, trigger=TRIGGER_DELAYED_REBALANCE)
             self._maybe_new_target(group, change, now_ms)
         return change.result(None)
@@ -1404,6 +1417,7 @@ class GroupCoordinator:
             self._bump(group, change, trigger=TRIGGER_CONNECTORS_CHANGED)
             change.event("connector_set", group, None, connector=connector, tasks=tasks)
             self._maybe_new_target(group, change, now_ms)
+        self._note_idleness(group, change, now_ms)
         return change.result(
             {
                 "group": group_id,
@@ -1429,6 +1443,7 @@ class GroupCoordinator:
         self._bump(group, change, trigger=TRIGGER_CONNECTORS_CHANGED)
         change.event("connector_deleted", group, None, connector=connector)
         self._maybe_new_target(group, change, now_ms)
+        self._note_idleness(group, change, now_ms)
         return change.result(
             {"group": group_id, "connector": connector, "deleted": True, "group_epoch": group.epoch}
         )
@@ -1500,6 +1515,7 @@ class GroupCoordinator:
         if config != group.config:
             change.write(configuration_record(group_id, config))
             change.event("group_config_set", group, None, config=body)
+        self._note_idleness(group, change, now_ms)
         return change.result({"group": group_id, "config": _group_config_view(config)})
 
     def group_config(self, group_id: str) -> dict[str, Any]:
@@ -1527,17 +1543,33 @@ class GroupCoordinator:
             )
         change = _Change(self.store)
         change.event("group_deleted", group)
+        self._delete(group, change)
+        return change.result({"group": group_id, "deleted": True})
+
+    def _note_idleness(self, group: Group, change: _Change, now_ms: int) -> None:
+        """A group with no members and no connectors is deleted after the retention: the
+        time is a record (a restart keeps it), cleared once the group is in use again."""
+        idle = not group.members and not group.connectors
+        if idle and group.expire_at_ms is None:
+            expire_at = now_ms + self.config.empty_group_retention_ms
+            change.write(deadlines_record(group.group_id, group.rerun_at_ms, expire_at))
+            change.timers.append(TimerSet(_timer(EXPIRY_TIMER, group.group_id), expire_at))
+        elif not idle and group.expire_at_ms is not None:
+            change.write(deadlines_record(group.group_id, group.rerun_at_ms, None))
+            change.timers.append(TimerCancel(_timer(EXPIRY_TIMER, group.group_id)))
+
+    def _delete(self, group: Group, change: _Change) -> None:
+        """The records that delete an empty group, and its timers cancelled."""
+        group_id = group.group_id
         group.assignor_run = None
         for member_id in list(group.target):
             change.write(target_member_record(group_id, member_id, None))
         change.write(connectors_record(group_id, None))
         change.write(configuration_record(group_id, None))
         change.write(Record(target_metadata_record(group_id, 0, 0, None, -1, b"").key, None))
-        change.write(rebalance_schedule_record(group_id, None))
+        change.write(deadlines_record(group_id, None, None))
         change.write(Record(group_metadata_record(group_id, 0).key, None))
-        change.timers.append(TimerCancel(_timer(ASSIGNMENT_TIMER, group_id)))
-        change.timers.append(TimerCancel(_timer(ASSIGNOR_TIMER, group_id)))
-        return change.result({"group": group_id, "deleted": True})
+        change.timers.append(TimerClearGroup(group_id))
 
 
 def _covering_members(metadata: Mapping[str, MemberMetadata], assignor: str) -> list[str]:

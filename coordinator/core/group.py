@@ -36,8 +36,8 @@ from protocol.messages import (
     ConnectGroupMemberMetadataValue,
     ConnectGroupMetadataKey,
     ConnectGroupMetadataValue,
-    ConnectGroupRebalanceScheduleKey,
-    ConnectGroupRebalanceScheduleValue,
+    ConnectGroupDeadlinesKey,
+    ConnectGroupDeadlinesValue,
     ConnectGroupTargetAssignmentMemberKey,
     ConnectGroupTargetAssignmentMemberValue,
     ConnectGroupTargetAssignmentMetadataKey,
@@ -173,8 +173,10 @@ class Group:
     owners: dict[Unit, str] = field(default_factory=dict)  # unit -> member that holds it
     unreconciled: set[str] = field(default_factory=set)
     config: GroupConfig = field(default_factory=GroupConfig)
-    # When the server-side assignor asked to run again (held-back units are released then).
+    # When the server-side assignor asked to run again (held-back units are released then),
+    # and when the group, empty and without connectors, is deleted (both durable).
     rerun_at_ms: int | None = None
+    expire_at_ms: int | None = None
     # Transient (not in records), dropped by `forget_transient_state` after a load or a
     # rollback: a client-side assignment in progress.
     chosen_member: str | None = None
@@ -375,10 +377,11 @@ class GroupStore:
             case ConnectGroupConfigurationKey():
                 group = self.groups.get(key.group_id)
                 return configuration_record(key.group_id, group.config if group else None)
-            case ConnectGroupRebalanceScheduleKey():
+            case ConnectGroupDeadlinesKey():
                 group = self.groups.get(key.group_id)
-                return rebalance_schedule_record(key.group_id,
-                                                 group.rerun_at_ms if group else None)
+                if group is None:
+                    return Record(key, None)
+                return deadlines_record(key.group_id, group.rerun_at_ms, group.expire_at_ms)
         raise InvariantViolation(f"no record type for key {key!r}")
 
     def _find_member(self, group_id: str, member_id: str) -> Member | None:
@@ -471,14 +474,14 @@ class GroupStore:
                 scheduled_rebalance_max_delay_ms=value.scheduled_rebalance_max_delay_ms,
             )
 
-    def _replay_rebalance_schedule(self, key: ConnectGroupRebalanceScheduleKey,
-                                   value: object) -> None:
+    def _replay_deadlines(self, key: ConnectGroupDeadlinesKey, value: object) -> None:
         group = self.group(key.group_id)
         if value is None:
-            group.rerun_at_ms = None
+            group.rerun_at_ms = group.expire_at_ms = None
         else:
-            assert isinstance(value, ConnectGroupRebalanceScheduleValue)
-            group.rerun_at_ms = value.rerun_at_ms
+            assert isinstance(value, ConnectGroupDeadlinesValue)
+            group.rerun_at_ms = value.rerun_at_ms if value.rerun_at_ms >= 0 else None
+            group.expire_at_ms = value.expire_at_ms if value.expire_at_ms >= 0 else None
 
     def _delete_group(self, group_id: str) -> None:
         group = self.groups.pop(group_id, None)
@@ -641,7 +644,7 @@ GroupStore._appliers = {
     ConnectGroupTargetAssignmentMemberKey: GroupStore._replay_target_member,
     ConnectGroupTargetAssignmentMetadataKey: GroupStore._replay_target_metadata,
     ConnectGroupConfigurationKey: GroupStore._replay_configuration,
-    ConnectGroupRebalanceScheduleKey: GroupStore._replay_rebalance_schedule,
+    ConnectGroupDeadlinesKey: GroupStore._replay_deadlines,
 }
 _MEMBER_STATES = {int(state): state for state in MemberState}
 
@@ -742,11 +745,14 @@ def target_metadata_record(
     )
 
 
-def rebalance_schedule_record(group_id: str, rerun_at_ms: int | None) -> Record:
-    key = ConnectGroupRebalanceScheduleKey(group_id=group_id)
-    if rerun_at_ms is None:
+def deadlines_record(group_id: str, rerun_at_ms: int | None,
+                     expire_at_ms: int | None) -> Record:
+    key = ConnectGroupDeadlinesKey(group_id=group_id)
+    if rerun_at_ms is None and expire_at_ms is None:
         return Record(key, None)
-    return Record(key, ConnectGroupRebalanceScheduleValue(rerun_at_ms=rerun_at_ms))
+    return Record(key, ConnectGroupDeadlinesValue(
+        rerun_at_ms=-1 if rerun_at_ms is None else rerun_at_ms,
+        expire_at_ms=-1 if expire_at_ms is None else expire_at_ms))
 
 
 def connectors_record(group_id: str, connectors: dict[str, int] | None) -> Record:

@@ -14,6 +14,7 @@ SESSION_TIMER = "session"  # a member heard nothing from within its session time
 REVOCATION_TIMER = "revocation"  # a member has not released units within its rebalance timeout
 ASSIGNOR_TIMER = "assignor"  # the chosen worker has not installed an assignment in time
 ASSIGNMENT_TIMER = "assignment"  # the assignment interval ends (or an assignor asked to re-run)
+EXPIRY_TIMER = "expiry"  # a group with no members and no connectors reaches its retention
 
 # Why the group epoch moved: the `trigger` field of every "group_epoch_bumped" event. A
 # closed set, so the shell can count rebalances by trigger without unbounded labels.

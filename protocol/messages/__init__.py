@@ -13,6 +13,8 @@ from protocol.messages.connect_group_current_member_assignment_key import (
 from protocol.messages.connect_group_current_member_assignment_value import (
     ConnectGroupCurrentMemberAssignmentValue,
 )
+from protocol.messages.connect_group_deadlines_key import ConnectGroupDeadlinesKey
+from protocol.messages.connect_group_deadlines_value import ConnectGroupDeadlinesValue
 from protocol.messages.connect_group_describe_request import ConnectGroupDescribeRequest
 from protocol.messages.connect_group_describe_response import ConnectGroupDescribeResponse
 from protocol.messages.connect_group_heartbeat_request import ConnectGroupHeartbeatRequest
@@ -32,10 +34,6 @@ from protocol.messages.connect_group_prepare_assignment_request import (
 )
 from protocol.messages.connect_group_prepare_assignment_response import (
     ConnectGroupPrepareAssignmentResponse,
-)
-from protocol.messages.connect_group_rebalance_schedule_key import ConnectGroupRebalanceScheduleKey
-from protocol.messages.connect_group_rebalance_schedule_value import (
-    ConnectGroupRebalanceScheduleValue,
 )
 from protocol.messages.connect_group_target_assignment_member_key import (
     ConnectGroupTargetAssignmentMemberKey,
@@ -57,6 +55,8 @@ __all__ = [
     "ConnectGroupConnectorsValue",
     "ConnectGroupCurrentMemberAssignmentKey",
     "ConnectGroupCurrentMemberAssignmentValue",
+    "ConnectGroupDeadlinesKey",
+    "ConnectGroupDeadlinesValue",
     "ConnectGroupDescribeRequest",
     "ConnectGroupDescribeResponse",
     "ConnectGroupHeartbeatRequest",
@@ -69,8 +69,6 @@ __all__ = [
     "ConnectGroupMetadataValue",
     "ConnectGroupPrepareAssignmentRequest",
     "ConnectGroupPrepareAssignmentResponse",
-    "ConnectGroupRebalanceScheduleKey",
-    "ConnectGroupRebalanceScheduleValue",
     "ConnectGroupTargetAssignmentMemberKey",
     "ConnectGroupTargetAssignmentMemberValue",
     "ConnectGroupTargetAssignmentMetadataKey",

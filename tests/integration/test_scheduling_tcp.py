@@ -140,3 +140,27 @@ async def test_a_restart_during_a_hold_releases_the_units_at_the_original_deadli
         assert delay_ms - 100 <= released_after_ms <= delay_ms + 1_000 + 300
     finally:
         server.kill()
+
+
+async def test_an_empty_group_without_connectors_goes_away_after_its_retention(
+    tmp_path: Path
+) -> None:
+    server = _server(tmp_path, "group.connect.empty.group.retention.ms=1000")
+    await server.start()
+    try:
+        worker = Worker("w1")
+        async with await server.client() as client:
+            await worker.join(client)
+            response = await client.request(HEARTBEAT, worker.leave_request())
+            assert response.error_code == ErrorCode.NONE
+        assert (await server.http("GET", "/groups/g"))[0] == 200
+        with trio.fail_after(10):
+            while (await server.http("GET", "/groups/g"))[0] != 404:
+                await trio.sleep(0.1)
+    finally:
+        server.kill()
+    await server.start()  # gone for good: the deletion is in the log
+    try:
+        assert (await server.http("GET", "/groups/g"))[0] == 404
+    finally:
+        server.kill()
