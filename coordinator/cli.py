@@ -44,6 +44,10 @@ def _serve_parser(commands: Any) -> None:
     serve.add_argument("--in-memory", action="store_true",
                        help="keep state in memory only, with no log: nothing survives a "
                             "restart (throwaway test clusters, benchmarks)")
+    serve.add_argument("--upstream", metavar="HOST:PORT[,HOST:PORT...]",
+                       help="proxy mode: stand in front of this Kafka cluster (its bootstrap "
+                            "addresses; config proxy.upstream); requires "
+                            "--set proxy.groups=REGEX, the group ids this coordinator owns")
     serve.add_argument("--config", type=Path, metavar="FILE.toml",
                        help="a TOML file of server config keys (see README)")
     serve.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -168,7 +172,10 @@ def _serve(args: argparse.Namespace) -> int:
     from coordinator.assignors import UnknownAssignorError, load_assignors
 
     try:
-        config = load_config(args.config, args.set)
+        overrides = list(args.set)
+        if args.upstream:
+            overrides.insert(0, f"proxy.upstream={args.upstream}")
+        config = load_config(args.config, overrides)
         try:
             load_assignors(config.server_assignors)
         except UnknownAssignorError as error:
