@@ -412,8 +412,8 @@ def _zero_value(annotation: Any, field_name: str) -> Any:
         if issubclass(annotation, enum.IntEnum):
             return annotation(0)
         if issubclass(annotation, datetime.timedelta):
-            parse = getattr(annotation, "parse", annotation)
-            return parse(datetime.timedelta(0))
+            parse: Any = getattr(annotation, "parse", None)
+            return parse(datetime.timedelta(0)) if parse else datetime.timedelta(0)
         if issubclass(annotation, (int, str)):
             return annotation()
     raise TypeError(f"no empty value for {field_name}: {annotation!r}")
