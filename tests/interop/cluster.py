@@ -390,9 +390,9 @@ def worker_properties(bootstrap: str, group: str, rest_port: int, host: str = "1
 
 
 def start_worker(folder: Path, bootstrap: str, group: str, *, host: str = "127.0.0.1",
-                 overrides: dict[str, object] | None = None) -> Worker:
+                 overrides: dict[str, object] | None = None, wait: bool = True) -> Worker:
     """A Connect distributed worker; returns once its REST API answers (it may still be
-    joining its group)."""
+    joining its group), or at once without `wait` (then call `wait_answering`)."""
     rest_port = free_port(host)
     properties = worker_properties(bootstrap, group, rest_port, host)
     properties.update(overrides or {})
@@ -402,7 +402,16 @@ def start_worker(folder: Path, bootstrap: str, group: str, *, host: str = "127.0
                                      WORKER_HEAP, folder, str(path))
     process = start_process(f"worker:{rest_port}", command, folder, log_path)
     worker = Worker(process, host, rest_port, properties)
+    if wait:
+        try:
+            wait_answering(worker)
+        except BaseException:
+            process.stop()
+            raise
+    return worker
 
+
+def wait_answering(worker: Worker, timeout_s: float = 120.0) -> None:
     def answers() -> bool:
         try:
             worker.rest("GET", "/", timeout_s=2)
@@ -410,12 +419,55 @@ def start_worker(folder: Path, bootstrap: str, group: str, *, host: str = "127.0
         except (OSError, urllib.error.URLError, ValueError):
             return False
 
+    wait_for(answers, timeout_s, f"worker {worker.url} to answer REST",
+             process=worker.process)
+
+
+def start_workers(root: Path, count: int, bootstrap: str, group: str,
+                  started: list[Any], **options: Any) -> list[Worker]:
+    """`count` workers started side by side (appended to `started` at once, so a
+    failure still stops them), each in `root/worker-N`."""
+    workers = []
+    for index in range(count):
+        worker = start_worker(root / f"worker-{index + 1}", bootstrap, group, wait=False,
+                              **options)
+        started.append(worker)
+        workers.append(worker)
+    for worker in workers:
+        wait_answering(worker)
+    return workers
+
+
+VERIFIABLE_SOURCE = "org.apache.kafka.connect.tools.VerifiableSourceConnector"
+VERIFIABLE_SINK = "org.apache.kafka.connect.tools.VerifiableSinkConnector"
+
+
+def connector_states(worker: Worker, name: str) -> dict[str, Any] | None:
+    """`GET /connectors/NAME/status`, or None while Connect cannot answer it."""
     try:
-        wait_for(answers, 90, f"worker {worker.url} to answer REST", process=process)
-    except BaseException:
-        process.stop()
-        raise
-    return worker
+        status: dict[str, Any] = worker.rest("GET", f"/connectors/{name}/status", timeout_s=10)
+    except (OSError, urllib.error.URLError, ValueError):
+        return None
+    return status
+
+
+def all_running(worker: Worker, name: str, tasks: int) -> dict[str, Any] | None:
+    """The status when the connector and exactly `tasks` tasks are RUNNING, else None."""
+    status = connector_states(worker, name)
+    if status is None or status["connector"]["state"] != "RUNNING":
+        return None
+    states = [task["state"] for task in status["tasks"]]
+    return status if states == ["RUNNING"] * tasks else None
+
+
+def verifiable_lines(worker: Worker) -> list[dict[str, Any]]:
+    """The JSON lines the Verifiable connectors' tasks printed on this worker's stdout."""
+    lines = []
+    for line in worker.process.stdout_text().splitlines():
+        if line.startswith("{") and '"seqno"' in line:
+            with contextlib.suppress(ValueError):
+                lines.append(json.loads(line))
+    return lines
 
 
 @contextlib.contextmanager
