@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.interop.cluster import (
+from coordinator.realkafka import (
     Broker,
     InteropUnavailable,
     ensure_jars,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.interop.cluster import Broker, run_tool
+from coordinator.realkafka import Broker, run_tool
 
 
 def test_broker_serves_a_topic_created_with_the_tools(kafka_broker: Broker,

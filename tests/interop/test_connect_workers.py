@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tests.interop.cluster import (
+from coordinator.realkafka import (
     VERIFIABLE_SINK,
     VERIFIABLE_SOURCE,
     Broker,

@@ -22,10 +22,7 @@ from kio.schema.metadata.v12.request import MetadataRequest
 from kio.static.primitive import i8
 
 from coordinator.proxy import wire
-from protocol import framing
-from protocol.framing import CONNECT_GROUP_DESCRIBE
-from protocol.messages import ConnectGroupDescribeRequest
-from tests.interop.cluster import (
+from coordinator.realkafka import (
     Broker,
     Coordinator,
     free_port,
@@ -33,6 +30,9 @@ from tests.interop.cluster import (
     start_coordinator,
     wait_for,
 )
+from protocol import framing
+from protocol.framing import CONNECT_GROUP_DESCRIBE
+from protocol.messages import ConnectGroupDescribeRequest
 
 OWNED = "owned-.*"
 RECORDS = 20_000

@@ -1,10 +1,12 @@
 """Real Apache Kafka processes from the published jars: a KRaft broker, Connect distributed
 workers, the perf tools, and the coordinator in proxy mode in front of them.
 
-Used by the interop tests' fixtures and by `make demo-connect`. Each process writes its
-log (log4j2, one file per process) and its stdout (the Verifiable connectors print one
-JSON line per record there) into a folder of its own, and is stopped by its PID: SIGTERM,
-then SIGKILL after a grace period. Nothing here is a mock: real JVMs on loopback ports.
+Used by the interop tests' fixtures, `make demo-connect` and `bench proxy`; it needs a
+checkout of this repository (the jars' pom is tests/interop/pom.xml), java and mvn. Each
+process writes its log (log4j2, one file per process) and its stdout (the Verifiable
+connectors print one JSON line per record there) into a folder of its own, and is stopped
+by its PID: SIGTERM, then SIGKILL after a grace period. Nothing here is a mock: real JVMs
+on loopback ports.
 """
 
 from __future__ import annotations
@@ -28,8 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-INTEROP_DIR = Path(__file__).resolve().parent
-REPO_ROOT = INTEROP_DIR.parent.parent
+REPO_ROOT = Path(__file__).resolve().parent.parent
+INTEROP_DIR = REPO_ROOT / "tests" / "interop"
 POM = INTEROP_DIR / "pom.xml"
 
 # Small heaps: the machine has 2 cores shared by everything; the test load is tiny.
@@ -62,6 +64,9 @@ class InteropUnavailable(Exception):
 
 
 def kafka_version() -> str:
+    if not POM.exists():
+        raise InteropUnavailable(f"{POM} is missing: run this from a checkout of the "
+                                 "repository")
     match = re.search(r"<kafka.version>([^<]+)</kafka.version>", POM.read_text())
     if match is None:
         raise InteropUnavailable(f"no <kafka.version> in {POM}")
