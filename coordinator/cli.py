@@ -104,6 +104,7 @@ BENCHES: dict[str, str] = {
     "log": "coordinator.log.bench",
     "replay": "coordinator.replay_bench",
     "install": "coordinator.server.bench_install",
+    "proxy": "coordinator.proxy.bench",
 }
 
 

@@ -43,6 +43,7 @@ log = structlog.get_logger("connect_coordinator.proxy")
 
 RECEIVE_BYTES = 262_144
 MAX_IN_FLIGHT = 100  # per connection; Kafka clients send at most 5 by default
+FLUSH_BYTES = 1_048_576  # forwarded requests are sent upstream at least this often
 
 
 def parse_upstream(address: str) -> tuple[str, int]:
@@ -77,15 +78,20 @@ class _ByteReader:
         del self._buffer[:count]
         return data
 
-    async def relay(self, count: int, destination: trio.SocketStream) -> None:
-        """Send the next `count` bytes to `destination` as they arrive."""
+    async def relay(self, count: int, destination: trio.SocketStream, prefix: bytes = b""
+                    ) -> None:
+        """Send `prefix` and the next `count` bytes to `destination` as they arrive (one
+        send when they are already here: a send on loopback costs more than a copy)."""
         while count > 0:
             if not self._buffer:
                 await self._fill(min(count, RECEIVE_BYTES))
-            chunk = bytes(self._buffer[:count])
-            del self._buffer[:len(chunk)]
-            count -= len(chunk)
+            chunk = prefix + self._buffer[:count]
+            del self._buffer[:len(chunk) - len(prefix)]
+            count -= len(chunk) - len(prefix)
+            prefix = b""
             await destination.send_all(chunk)
+        if prefix:
+            await destination.send_all(prefix)
 
 
 @dataclass(eq=False)
@@ -275,6 +281,8 @@ class _Connection:
         self.node = node  # None: the bootstrap listener
         self.upstream: trio.SocketStream | None = None
         self.responses: _ByteReader | None = None
+        self._outgoing: list[bytes] = []  # forwarded requests not yet sent upstream
+        self._outgoing_bytes = 0
         try:
             self.peer: Any = client.socket.getpeername()
         except OSError:
@@ -315,9 +323,33 @@ class _Connection:
                 except FrameError as error:
                     await self._close_after(slots, f"bad frame: {error}")
                     return
+                # The forwarded requests of one read go upstream in one send.
+                going_on = True
                 for frame in frames:
-                    if not await self._request(frame, slots, nursery):
-                        return
+                    going_on = await self._request(frame, slots, nursery)
+                    if not going_on or self._outgoing_bytes >= FLUSH_BYTES:
+                        going_on = await self._flush(slots) and going_on
+                    if not going_on:
+                        break
+                if not (await self._flush(slots) and going_on):
+                    return
+
+    async def _flush(self, slots: trio.MemorySendChannel[_Slot]) -> bool:
+        if not self._outgoing:
+            return True
+        assert self.upstream is not None
+        data = b"".join(self._outgoing)
+        self._outgoing.clear()
+        self._outgoing_bytes = 0
+        try:
+            await self.upstream.send_all(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as error:
+            self.proxy.metrics.upstream_failure("closed")
+            log.warning("proxy_upstream_send_failed", error=str(error), peer=self.peer)
+            await self.upstream.aclose()  # the writer's reads fail at once too
+            await self._close_after(slots, "the upstream connection broke")
+            return False
+        return True
 
     async def _close_after(self, slots: trio.MemorySendChannel[_Slot], reason: str) -> None:
         """Answer what came before, then close the connection."""
@@ -381,16 +413,13 @@ class _Connection:
             await self._close_after(slots, "the upstream Kafka cluster is unreachable")
             return False
         assert self.upstream is not None
-        # The slot goes first: the writer must not miss a fast response to this request.
+        # The slot is queued before the request leaves (at the next flush), so the writer
+        # expects its response before it can arrive.
         if routing.expects_response:
             await slots.send(_Slot(routing, upstream=True))
-        try:
-            await self.upstream.send_all(INT32.pack(len(frame)) + frame)
-        except (trio.BrokenResourceError, trio.ClosedResourceError) as error:
-            proxy.metrics.upstream_failure("closed")
-            log.warning("proxy_upstream_send_failed", error=str(error), peer=self.peer)
-            await self._close_after(slots, "the upstream connection broke")
-            return False
+        self._outgoing.append(INT32.pack(len(frame)))
+        self._outgoing.append(frame)
+        self._outgoing_bytes += len(frame) + 4
         proxy.metrics.forwarded(head.api_key, len(frame) + 4)
         return True
 
@@ -460,8 +489,7 @@ class _Connection:
             await self.client.send_all(answer)
             self.proxy.metrics.relayed(head.api_key, len(answer))
             return
-        await self.client.send_all(start)
-        await self.responses.relay(size - 4, self.client)
+        await self.responses.relay(size - 4, self.client, prefix=start)
         self.proxy.metrics.relayed(head.api_key, size + 4)
 
     async def _rewritten(self, frame: bytes, routing: wire.Routing) -> bytes:
