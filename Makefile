@@ -69,6 +69,11 @@ $(INTEROP_STAMP): tests/interop/pom.xml
 
 interop-jars: $(INTEROP_STAMP)
 
+# A KRaft broker, the coordinator in proxy mode and three Connect workers running a
+# VerifiableSource and a VerifiableSink (docs/real-connect-workers.md); Ctrl-C stops it.
+demo-connect: install interop-jars
+	$(BIN)/python -m coordinator.demo_connect
+
 # -p no:cacheprovider: no .pytest_cache, so a read-only CI checkout works too.
 test: install system-deps interop-jars
 	HYPOTHESIS_PROFILE=ci $(BIN)/python -m pytest -q -p no:cacheprovider

@@ -19,11 +19,14 @@ EPILOG = """\
 commands:
   serve      run the coordinator (KRPC listener, admin HTTP API, durable log)
   describe   show groups, their epochs and members' assignments
-  bench      benchmarks: codec | core | heartbeats | assignor | install | log | replay
+  bench      benchmarks: codec | core | heartbeats | assignor | install | log | replay |
+             proxy
   log        log tools: check | dump | compact | snapshot
   simulate   fake Connect workers under chaos, checked for units run twice
   metrics    record /metrics scrapes (or a Prometheus range) as Parquet
   report     the PySpark capacity report from recorded metrics and a log snapshot
+  demo-connect  a KRaft broker, this coordinator in proxy mode and three real Connect
+             workers from Apache Kafka's jars (needs a checkout, java and mvn)
 
 Run `connect-coordinator COMMAND --help` for the options of each command.
 """
@@ -88,13 +91,15 @@ def build_parser() -> argparse.ArgumentParser:
     tools.add_argument("rest", nargs=argparse.REMAINDER)
     for name, text in (("simulate", "fake Connect workers under chaos"),
                        ("metrics", "record metrics: metrics record ..."),
-                       ("report", "the PySpark capacity report")):
+                       ("report", "the PySpark capacity report"),
+                       ("demo-connect", "Kafka broker + proxy + 3 real Connect workers")):
         extra = commands.add_parser(name, help=text, add_help=False)
         extra.add_argument("rest", nargs=argparse.REMAINDER)
     return parser
 
 
 FORWARDED = {"log": "coordinator.log.cli", "simulate": "coordinator.workers.simulate",
+             "demo-connect": "coordinator.demo_connect",
              "metrics": "coordinator.report.recorder", "report": "coordinator.report.job"}
 BENCHES: dict[str, str] = {
     "codec": "protocol.bench",

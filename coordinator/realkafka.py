@@ -204,8 +204,11 @@ def start_process(name: str, command: Sequence[str], folder: Path,
     folder.mkdir(parents=True, exist_ok=True)
     stdout_path = folder / "stdout.txt"
     with open(stdout_path, "ab") as stdout:
+        # A session of its own: a Ctrl-C in the terminal reaches only the parent, which
+        # stops its children in order (workers before the broker they need to leave).
         popen = subprocess.Popen(list(command), stdout=stdout, stderr=subprocess.STDOUT,
-                                 stdin=subprocess.DEVNULL, cwd=folder, env=env)
+                                 stdin=subprocess.DEVNULL, cwd=folder, env=env,
+                                 start_new_session=True)
     return ManagedProcess(name, popen, folder, stdout_path, log_path or stdout_path)
 
 
