@@ -27,6 +27,8 @@ from coordinator.realkafka import (
     start_coordinator,
 )
 
+HEARTBEAT = 1000  # ConnectGroupHeartbeat
+
 
 def _producer_mb_per_s(stdout: str) -> float:
     match = re.search(r"records sent, [\d.]+ records/sec \(([\d.]+) MB/sec\)", stdout)
@@ -66,13 +68,112 @@ def one_run(folder: Path, bootstrap: str, topic: str, records: int, record_size:
     return _producer_mb_per_s(produced.stdout), fetch_mb_per_s
 
 
+def heartbeat_latencies(host: str, port: int, seconds: float, interval_s: float = 0.02
+                        ) -> list[float]:
+    """ConnectGroupHeartbeat round trips (seconds) of one member of an owned group, sent
+    through the proxy's listener every `interval_s` for `seconds`."""
+    import trio
+
+    from coordinator.client import KafkaClient
+    from protocol.messages import ConnectGroupHeartbeatRequest
+    from protocol.messages.connect_group_heartbeat_request import ClientAssignor
+
+    assignor = ClientAssignor(name="incremental-cooperative", minimum_version=1,
+                              maximum_version=2, reason=0, version=2, metadata=b"")
+
+    async def probe() -> list[float]:
+        latencies: list[float] = []
+        async with await KafkaClient.connect(host, port) as client:
+            member, epoch = "bench-member", 0
+            joined = await client.request(HEARTBEAT, ConnectGroupHeartbeatRequest(
+                group_id="owned-bench", member_id=member, member_epoch=0,
+                worker_url="http://bench:8083", rebalance_timeout_ms=30_000,
+                client_assignors=(assignor,)))
+            epoch = joined.member_epoch
+            deadline = time.monotonic() + seconds
+            while time.monotonic() < deadline:
+                started = time.perf_counter()
+                answer = await client.request(HEARTBEAT, ConnectGroupHeartbeatRequest(
+                    group_id="owned-bench", member_id=member, member_epoch=epoch))
+                latencies.append(time.perf_counter() - started)
+                if answer.error_code == 0:
+                    epoch = answer.member_epoch
+                await trio.sleep(interval_s)
+        return latencies
+
+    return trio.run(probe)
+
+
+def _percentiles(latencies: list[float]) -> str:
+    ordered = sorted(latencies)
+
+    def at(share: float) -> float:
+        return ordered[min(len(ordered) - 1, int(share * len(ordered)))] * 1000
+
+    return (f"n={len(ordered):5d}  p50 {at(0.5):6.2f} ms  p99 {at(0.99):6.2f} ms  "
+            f"max {ordered[-1] * 1000:6.2f} ms")
+
+
+def heartbeats_under_fetch(root: Path, coordinator: Coordinator, broker_bootstrap: str,
+                           records: int) -> None:
+    """Heartbeat latency through the proxy, idle and while a consumer fetches `records`
+    records through the same proxy (the forwarded stream and the heartbeats share the
+    coordinator's event loop)."""
+    import threading
+
+    idle = heartbeat_latencies(coordinator.host, coordinator.port, 8.0)
+
+    def under_fetch(bootstrap: str, name: str) -> list[float]:
+        done = threading.Event()
+
+        def fetch_repeatedly() -> None:
+            run = 0
+            while not done.is_set():
+                run_tool("org.apache.kafka.tools.ConsumerPerformance",
+                         root / f"hb-consumer-{name}-{run}", "--bootstrap-server", bootstrap,
+                         "--topic", "bench-hb", "--num-records", str(records),
+                         "--group", f"bench-hb-{name}-{run}", "--timeout", "60000",
+                         timeout_s=300)
+                run += 1
+
+        fetcher = threading.Thread(target=fetch_repeatedly, daemon=True)
+        fetcher.start()
+        time.sleep(3.0)  # past the consumer's start-up, into its fetches
+        latencies = heartbeat_latencies(coordinator.host, coordinator.port, 8.0)
+        done.set()
+        fetcher.join(timeout=300)
+        return latencies
+
+    produced = run_tool(
+        "org.apache.kafka.tools.ProducerPerformance", root / "hb-producer", "--topic",
+        "bench-hb", "--num-records", str(records), "--record-size", "1024", "--throughput",
+        "-1", "--command-property", f"bootstrap.servers={coordinator.bootstrap}", "acks=1",
+        timeout_s=600)
+    if produced.returncode != 0:
+        raise RuntimeError(produced.stdout + produced.stderr)
+    direct = under_fetch(broker_bootstrap, "direct")
+    loaded = under_fetch(coordinator.bootstrap, "proxy")
+    forwarded = coordinator.metrics()
+    fetched = [line for line in forwarded.splitlines() if line.startswith(
+        'connect_coordinator_proxy_forwarded_response_bytes_total{api="Fetch"}')]
+    print("heartbeats through the proxy (an owned group's member, every 20 ms):")
+    print(f"  idle                      {_percentiles(idle)}")
+    print(f"  consumer fetching direct  {_percentiles(direct)}  (the same CPU load)")
+    print(f"  consumer fetching via it  {_percentiles(loaded)}")
+    print(f"  ({fetched[0].rsplit(' ', 1)[1] if fetched else '?'} Fetch bytes relayed)")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="connect-coordinator bench proxy",
         description="Producer and consumer throughput through the proxy vs direct.")
-    parser.add_argument("--records", type=int, default=100_000)
+    parser.add_argument("--records", type=int, default=200_000)
     parser.add_argument("--record-size", type=int, default=1024)
     parser.add_argument("--runs", type=int, default=3, help="runs of each side (alternating)")
+    parser.add_argument("--heartbeats", action="store_true",
+                        help="also: heartbeat latency through the proxy while a consumer "
+                             "fetches through it")
+    parser.add_argument("--only-heartbeats", action="store_true")
     args = parser.parse_args(argv)
     try:
         require_java()
@@ -88,9 +189,17 @@ def main(argv: list[str] | None = None) -> int:
         try:
             coordinator = start_coordinator(root / "coordinator", broker.bootstrap,
                                             "owned-.*")
+            if args.heartbeats or args.only_heartbeats:
+                heartbeats_under_fetch(root, coordinator, broker.bootstrap, args.records)
+                if args.only_heartbeats:
+                    return 0
             sides = {"direct": broker.bootstrap, "proxy": coordinator.bootstrap}
             print(f"{args.records} records of {args.record_size} B, acks=1, "
-                  f"{args.runs} runs per side, alternating", flush=True)
+                  f"{args.runs} runs per side, alternating, after a warm-up run of each",
+                  flush=True)
+            for side, bootstrap in sides.items():  # topic creation, the broker's JIT
+                one_run(root / f"warm-{side}", bootstrap, f"warm-{side}",
+                        max(args.records // 4, 1000), args.record_size)
             for run in range(args.runs):
                 for side, bootstrap in (sides.items() if run % 2 == 0
                                         else reversed(sides.items())):
