@@ -9,6 +9,7 @@ import json
 import re
 import socket
 import struct
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,6 +33,7 @@ from coordinator.realkafka import (
 from protocol import framing
 from protocol.framing import CONNECT_GROUP_DESCRIBE
 from protocol.messages import ConnectGroupDescribeRequest
+from tests.programs import require_binary
 
 OWNED = "owned-.*"
 RECORDS = 20_000
@@ -130,6 +132,10 @@ def test_perf_tools_through_the_proxy_count_every_record(
                           api="Fetch")
     assert produce_bytes > RECORDS * 1024
     assert fetch_bytes > RECORDS * 1024
+    # The proxy's series pass Prometheus' own linter.
+    linted = subprocess.run([require_binary("promtool"), "check", "metrics"], input=metrics,
+                            capture_output=True, text=True, timeout=60, check=False)
+    assert linted.returncode == 0, linted.stdout + linted.stderr
 
 
 def _consumed(stdout: str) -> tuple[int, float]:
