@@ -224,6 +224,14 @@ class ProxyServer:
             return True
         return False
 
+    async def _probe_upstream(self) -> None:
+        """Learn the brokers at start-up, so their ports are open and logged early; a
+        failure only means they are learned from the first client's Metadata instead."""
+        try:
+            await self.learn_nodes()
+        except (OSError, UpstreamClosed) as error:
+            log.warning("proxy_upstream_probe_failed", error=str(error))
+
     # -- listening -----------------------------------------------------------------------
 
     async def serve(self, host: str, port: int, *,
@@ -242,7 +250,7 @@ class ProxyServer:
                                 accept_nursery.start_soon(self._accept, listener, None)
                             log.info("proxy_listening", **self.mapping())
                             task_status.started(self.bootstrap_port)
-                            accept_nursery.start_soon(self.learn_nodes)
+                            accept_nursery.start_soon(self._probe_upstream)
                     self._accept_nursery = None
         finally:
             self._accept_nursery = None

@@ -126,6 +126,9 @@ def peek(frame: bytes) -> RequestHead:
 
 def decode_request(frame: bytes, head: RequestHead) -> Any:
     """The request body as a kio entity (only for the small requests the proxy must read)."""
+    if not _has_schema(head.api_key, head.api_version):
+        raise MalformedRequest(f"API {head.api_key} v{head.api_version} is beyond what the "
+                               "proxy offered in ApiVersions")
     flexible = is_flexible(head.api_key, head.api_version)
     header_type = RequestHeaderV2 if flexible else RequestHeaderV1
     try:
