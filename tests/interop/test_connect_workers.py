@@ -59,7 +59,10 @@ def test_three_workers_run_a_verifiable_source_and_sink_through_the_proxy(
     # Every worker reached Kafka only through the proxy: its group coordinator (and the
     # sink task's consumer group's) is the broker's local port on the proxy.
     node_port = f"{coordinator.host}:{coordinator.port + 1 + kafka_broker.node_id}"
-    for worker in workers:
-        log = worker.process.log_text()
-        assert f"Discovered group coordinator {node_port} " in log
+    logs = [worker.process.log_text() for worker in workers]
+    for log in logs:
+        assert f"groupId={group}] Discovered group coordinator {node_port} " in log
         assert kafka_broker.bootstrap not in log
+    # The sink task's consumer group is the broker's too (forwarded, not claimed).
+    assert any(f"groupId=connect-sink] Discovered group coordinator {node_port} " in log
+               for log in logs)

@@ -11,6 +11,7 @@ import socket
 import struct
 import subprocess
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -182,6 +183,12 @@ def test_no_response_names_an_upstream_address(kafka_broker: Broker,
         by_key = {entry.key: (entry.node_id, entry.port) for entry in found.coordinators}
         assert by_key == {"owned-connect": (2_000_000_000, coordinator.port),
                           "someone-elses": (kafka_broker.node_id, node_port)}
+        # The documented mapping, as the admin API serves it.
+        with urllib.request.urlopen(f"{coordinator.admin_url}/proxy", timeout=10) as answer:
+            mapping = json.load(answer)
+        assert mapping["nodes"][str(kafka_broker.node_id)] == {
+            "local": f"{coordinator.host}:{node_port}", "upstream": kafka_broker.bootstrap}
+        assert mapping["bootstrap"] == coordinator.bootstrap
         # Through the broker's own listener port too.
         node_client = RawClient(coordinator.host, node_port)
         try:
