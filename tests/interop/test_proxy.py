@@ -14,6 +14,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kio.schema.describe_cluster.v1.request import DescribeClusterRequest
@@ -170,15 +171,18 @@ def test_no_response_names_an_upstream_address(kafka_broker: Broker,
         assert upstream not in raw
         assert [(b.broker_id, b.port) for b in cluster.brokers] == [(kafka_broker.node_id,
                                                                     node_port)]
-        # A group that is not ours: the broker's coordinator, at its local port.
-        raw, found = client.call(wire.FIND_COORDINATOR, 3,
-                                 FindV3(key="someone-elses", key_type=i8(0)))
+        # A group that is not ours: the broker's coordinator, at its local port (on a
+        # fresh broker, once its offsets topic exists: retried as clients do).
+        raw, found = wait_for(lambda: _found(client.call(
+            wire.FIND_COORDINATOR, 3, FindV3(key="someone-elses", key_type=i8(0)))), 60,
+            "the broker's group coordinator")
         assert upstream not in raw
         assert (found.node_id, found.host, found.port) == (kafka_broker.node_id,
                                                            coordinator.host, node_port)
         # Batched, mixed: ours answered by the coordinator itself, the other rewritten.
-        raw, found = client.call(wire.FIND_COORDINATOR, 6, FindV6(
-            key_type=i8(0), coordinator_keys=("owned-connect", "someone-elses")))
+        raw, found = wait_for(lambda: _found(client.call(wire.FIND_COORDINATOR, 6, FindV6(
+            key_type=i8(0), coordinator_keys=("owned-connect", "someone-elses")))), 60,
+            "both coordinators")
         assert upstream not in raw
         by_key = {entry.key: (entry.node_id, entry.port) for entry in found.coordinators}
         assert by_key == {"owned-connect": (2_000_000_000, coordinator.port),
@@ -201,6 +205,13 @@ def test_no_response_names_an_upstream_address(kafka_broker: Broker,
             node_client.close()
     finally:
         client.close()
+
+
+def _found(answer: tuple[bytes, Any]) -> tuple[bytes, Any] | None:
+    """A FindCoordinator answer without error, or None (to retry)."""
+    body = answer[1]
+    entries = body.coordinators if hasattr(body, "coordinators") else (body,)
+    return answer if all(entry.error_code == 0 for entry in entries) else None
 
 
 def _api_versions_request() -> object:
