@@ -80,16 +80,27 @@ class _ByteReader:
 
     async def relay(self, count: int, destination: trio.SocketStream, prefix: bytes = b""
                     ) -> None:
-        """Send `prefix` and the next `count` bytes to `destination` as they arrive (one
-        send when they are already here: a send on loopback costs more than a copy)."""
-        while count > 0:
-            if not self._buffer:
-                await self._fill(min(count, RECEIVE_BYTES))
-            chunk = prefix + self._buffer[:count]
-            del self._buffer[:len(chunk) - len(prefix)]
-            count -= len(chunk) - len(prefix)
+        """Send `prefix` and the next `count` bytes to `destination` as they arrive: what
+        is buffered in one send with the prefix (a send on loopback costs more than a
+        copy), the rest read no further than the frame's end and passed on as received,
+        so a large Fetch response costs a receive and a send per chunk, no other copy."""
+        if self._buffer:
+            take = min(count, len(self._buffer))
+            chunk = prefix + self._buffer[:take]
+            del self._buffer[:take]
+            count -= take
             prefix = b""
             await destination.send_all(chunk)
+        while count > 0:
+            try:
+                data = await self.stream.receive_some(min(count, RECEIVE_BYTES))
+            except (trio.BrokenResourceError, trio.ClosedResourceError) as error:
+                raise UpstreamClosed(str(error)) from None
+            if not data:
+                raise UpstreamClosed("the upstream broker closed the connection")
+            count -= len(data)
+            await destination.send_all(prefix + data if prefix else data)
+            prefix = b""
         if prefix:
             await destination.send_all(prefix)
 
