@@ -59,9 +59,10 @@ CONNECT_GROUP_APIS = frozenset({1000, 1001, 1002, 1003})
 
 GROUP_KEY_TYPE = 0  # FindCoordinator's key type of a consumer/connect group
 
-# Versions above these carry node endpoints (KIP-951) that the proxy does not rewrite; the
-# proxy's ApiVersions answer caps them so that clients never ask for them.
-VERSION_CAPS = {PRODUCE: 9, FETCH: 15}
+# Versions above these carry node endpoints (KIP-951) that the proxy does not rewrite, or
+# (DescribeCluster v2) may list controllers, whose addresses must not be taken for the
+# brokers' own; the proxy's ApiVersions answer caps them so that clients never ask for them.
+VERSION_CAPS = {PRODUCE: 9, FETCH: 15, DESCRIBE_CLUSTER: 1}
 # Responses that carry broker addresses this proxy does not rewrite (controller endpoints,
 # share-group leader endpoints): left out of ApiVersions altogether.
 LEFT_OUT = frozenset({DESCRIBE_QUORUM, SHARE_FETCH, SHARE_ACKNOWLEDGE})

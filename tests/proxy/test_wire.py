@@ -146,12 +146,14 @@ def test_api_versions_keep_what_the_proxy_can_relay_and_add_its_own() -> None:
             entry(wire.PRODUCE, 3, 13), entry(wire.FETCH, 4, 18), entry(wire.METADATA, 0, 99),
             entry(wire.API_VERSIONS, 0, 9), entry(wire.JOIN_GROUP, 0, 9),
             entry(wire.SHARE_FETCH, 0, 1), entry(wire.DESCRIBE_QUORUM, 0, 2),
+            entry(wire.DESCRIBE_CLUSTER, 0, 2),
             entry(9999, 0, 1)))
     result = wire.intersect_api_versions(upstream, SUPPORTED_APIS)
     ranges = {int(e.api_key): (int(e.min_version), int(e.max_version))
               for e in result.api_keys}
     assert ranges[wire.PRODUCE] == (3, 9)
     assert ranges[wire.FETCH] == (4, 15)
+    assert ranges[wire.DESCRIBE_CLUSTER] == (0, 1)  # v2 may list controllers
     assert ranges[wire.METADATA] == (0, wire.known_versions(wire.METADATA)[1])
     assert ranges[wire.API_VERSIONS] == (0, 4)
     assert ranges[wire.JOIN_GROUP] == (0, 9)
