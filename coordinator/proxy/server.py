@@ -334,8 +334,11 @@ class _Connection:
                 try:
                     data = await self.client.receive_some(RECEIVE_BYTES)
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
-                    return
+                    data = b""
                 if not data:
+                    # The client is gone: stop waiting for the upstream's answers to it
+                    # (local answers in flight finish, shielded, before the close).
+                    nursery.cancel_scope.cancel()
                     return
                 try:
                     frames.feed(data)
@@ -405,7 +408,10 @@ class _Connection:
     async def _answer_locally(self, frame: bytes, routing: wire.Routing, slot: _Slot) -> None:
         head = routing.head
         if (head.api_key, head.api_version) in REQUEST_CLASSES:
-            answer = await self.proxy.local.answer_frame(frame, self.peer)
+            # Shielded: a state change in the core is not abandoned halfway because its
+            # client went away.
+            with trio.CancelScope(shield=True):
+                answer = await self.proxy.local.answer_frame(frame, self.peer)
             slot.finish(answer, "malformed request")
             return
         # An owned group's API the coordinator does not serve (yet): say so.
