@@ -57,9 +57,11 @@ INTEROP_STAMP := $(INTEROP_JARS)/.complete
 $(INTEROP_STAMP): tests/interop/pom.xml
 	@if command -v mvn >/dev/null 2>&1 && command -v java >/dev/null 2>&1; then \
 	  echo "interop-jars: fetching Apache Kafka $(KAFKA_VERSION) jars into $(INTEROP_JARS)"; \
-	  rm -rf $(INTEROP_JARS) && \
-	  mvn -q -B -Dstyle.color=never -f tests/interop/pom.xml dependency:copy-dependencies \
-	    -DincludeScope=runtime -DoutputDirectory=.jars/$(KAFKA_VERSION) && \
+	  rm -rf $(INTEROP_JARS) && mkdir -p tests/interop/.jars && \
+	  { mvn -q -B -Dstyle.color=never -f tests/interop/pom.xml dependency:copy-dependencies \
+	      -DincludeScope=runtime -DoutputDirectory=.jars/$(KAFKA_VERSION) \
+	      > tests/interop/.jars/mvn.log 2>&1 \
+	    || { cat tests/interop/.jars/mvn.log >&2; exit 1; }; } && \
 	  touch $(INTEROP_STAMP); \
 	else \
 	  echo "interop-jars: java or mvn missing (Debian: openjdk-17-jre-headless maven);" \
