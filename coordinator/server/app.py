@@ -21,7 +21,9 @@ from coordinator.config import ServerConfig
 from coordinator.core.coordinator import GroupCoordinator
 from coordinator.log.files import FileLayer
 from coordinator.log.lock import DataDirLock
-from coordinator.metrics import Metrics
+from coordinator.metrics import API_NAMES, Metrics, ProxyMetrics
+from coordinator.proxy.server import ProxyServer
+from coordinator.proxy.wire import API_NAMES as PROXY_API_NAMES
 from coordinator.server.admin import build_admin_app
 from coordinator.server.kafka import KafkaServer
 from coordinator.server.runtime import Clock, RecordSink, Runtime
@@ -118,8 +120,8 @@ async def run_server(
     try:
         admin_socket = open_admin_socket(admin_listen)
     except BaseException:
-        for listener in kafka_listeners:
-            listener.socket.close()
+        for bound in kafka_listeners:
+            bound.socket.close()
         raise
     if tune_process:
         # A thread decoding a large request or building a large describe holds the GIL
@@ -145,6 +147,11 @@ async def run_server(
         if log_sink is not None:
             log_sink.on_failure = runtime.roll_back_writes
         kafka = KafkaServer(runtime)
+        listener: KafkaServer | ProxyServer = kafka
+        if config.proxy_mode:  # in front of a real Kafka cluster; owned groups answered here
+            proxy_metrics = ProxyMetrics(metrics.registry, {**PROXY_API_NAMES, **API_NAMES})
+            listener = ProxyServer(kafka, config, proxy_metrics)
+        proxy = listener if isinstance(listener, ProxyServer) else None
         admin_stopped = trio.Event()
         http_config = HypercornConfig()
         # hypercorn takes over a duplicate of the bound socket (it closes what it is given).
@@ -156,9 +163,9 @@ async def run_server(
             if log_sink is not None:
                 await nursery.start(log_sink.run)
             await nursery.start(runtime.run)
-            kafka_port = await nursery.start(partial(kafka.serve, listen[0], listen[1],
+            kafka_port = await nursery.start(partial(listener.serve, listen[0], listen[1],
                                                      listeners=kafka_listeners))
-            binds = await nursery.start(partial(serve_http, build_admin_app(runtime),  # type: ignore[arg-type]
+            binds = await nursery.start(partial(serve_http, build_admin_app(runtime, proxy),  # type: ignore[arg-type]
                                                 http_config,
                                                 shutdown_trigger=admin_stopped.wait))
             admin_port = int(binds[0].rsplit(":", 1)[1])
@@ -174,7 +181,7 @@ async def run_server(
             task_status.started(handle)
             await handle.stop_requested.wait()
             log.info("shutting_down", in_flight=kafka.in_flight)
-            await kafka.drain(config.shutdown_timeout_ms / 1000)
+            await listener.drain(config.shutdown_timeout_ms / 1000)
             admin_stopped.set()
             await runtime.close()
             nursery.cancel_scope.cancel()
@@ -182,6 +189,6 @@ async def run_server(
         if data_dir_lock is not None:
             data_dir_lock.release()
         admin_socket.close()
-        for listener in kafka_listeners:
-            listener.socket.close()  # already closed when kafka.serve ran; harmless then
+        for bound in kafka_listeners:
+            bound.socket.close()  # already closed when kafka.serve ran; harmless then
     log.info("stopped")

@@ -323,6 +323,16 @@ class KafkaServer:
             if frames.buffered_bytes and (completed or not was_reading):
                 frame_started = now
 
+    async def wait_idle(self) -> None:
+        """Until no request is being answered."""
+        await self._idle.wait()
+
+    async def answer_frame(self, frame: bytes, problems: ProblemLog) -> bytes | None:
+        """One request frame's framed response, or None when its connection must close
+        (the proxy hands the requests of owned groups here, with its connection's
+        problem log)."""
+        return await self._answer(frame, problems)
+
     async def _answer(self, frame: bytes, problems: ProblemLog) -> bytes | None:
         """The framed response, or None when the connection must close."""
         started = time.perf_counter()

@@ -155,7 +155,7 @@ async def test_an_empty_group_without_connectors_goes_away_after_its_retention(
             assert response.error_code == ErrorCode.NONE
         assert (await server.http("GET", "/groups/g"))[0] == 200
         with trio.fail_after(10):
-            while (await server.http("GET", "/groups/g"))[0] != 404:
+            while (await server.http("GET", "/groups/g"))[0] != 404:  # noqa: ASYNC110 - polls the server
                 await trio.sleep(0.1)
     finally:
         server.kill()
