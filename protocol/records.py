@@ -3,7 +3,8 @@
 A record is a key and a value, both byte strings, in the layout Kafka's group coordinator
 uses for ``__consumer_offsets``:
 
-- key:   int16 record type id (the ``apiKey`` of the ``...Key``/``...Value`` pair, 3..9),
+- key:   int16 record type id (the ``apiKey`` of the ``...Key``/``...Value`` pair, 3..9 for
+         connect groups, 10..11 for classic groups),
          then the key struct, non-flexible (legacy strings);
 - value: int16 value version (always 0 here), then the value struct, flexible;
          ``None`` is a tombstone that deletes what the key names.
@@ -27,6 +28,10 @@ from protocol.fastpath import (
     name_and_int32_bytes,
 )
 from protocol.messages import (
+    ClassicGroupMemberKey,
+    ClassicGroupMemberValue,
+    ClassicGroupMetadataKey,
+    ClassicGroupMetadataValue,
     ConnectGroupConfigurationKey,
     ConnectGroupConfigurationValue,
     ConnectGroupConnectorsKey,
@@ -52,6 +57,8 @@ RecordKey: TypeAlias = (
     | ConnectGroupTargetAssignmentMemberKey
     | ConnectGroupCurrentMemberAssignmentKey
     | ConnectGroupConfigurationKey
+    | ClassicGroupMetadataKey
+    | ClassicGroupMemberKey
 )
 RecordValue: TypeAlias = (
     ConnectGroupMetadataValue
@@ -61,6 +68,8 @@ RecordValue: TypeAlias = (
     | ConnectGroupTargetAssignmentMemberValue
     | ConnectGroupCurrentMemberAssignmentValue
     | ConnectGroupConfigurationValue
+    | ClassicGroupMetadataValue
+    | ClassicGroupMemberValue
 )
 
 _Entity = TypeVar("_Entity", RecordKey, RecordValue)
@@ -73,6 +82,8 @@ _PAIRS: tuple[tuple[type[RecordKey], type[RecordValue]], ...] = (
     (ConnectGroupTargetAssignmentMemberKey, ConnectGroupTargetAssignmentMemberValue),
     (ConnectGroupCurrentMemberAssignmentKey, ConnectGroupCurrentMemberAssignmentValue),
     (ConnectGroupConfigurationKey, ConnectGroupConfigurationValue),
+    (ClassicGroupMetadataKey, ClassicGroupMetadataValue),
+    (ClassicGroupMemberKey, ClassicGroupMemberValue),
 )
 
 RECORD_TYPES: dict[int, tuple[type[RecordKey], type[RecordValue]]] = {

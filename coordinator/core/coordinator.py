@@ -24,6 +24,7 @@ from coordinator.assignors.api import (
 )
 from coordinator.assignors.transport import CompactResult, expand
 from coordinator.config import ConfigError, GroupConfig, ServerConfig, parse_group_config
+from coordinator.core.classic.engine import CLASSIC_TIMERS, ClassicEngine
 from coordinator.core.group import (
     AssignorInfo,
     Group,
@@ -169,6 +170,9 @@ class GroupCoordinator:
         self.assignors = dict(assignors)
         self.store = GroupStore()
         self._run_ids = 0
+        # Classic groups: an engine of their own, on the same store and log.
+        self.classic = ClassicEngine(config, self.store.classic,
+                                     other_type=lambda group_id: group_id in self.store.groups)
 
     # ------------------------------------------------------------------ records
     def replay(self, record: Record) -> None:
@@ -207,6 +211,7 @@ class GroupCoordinator:
                     )
             if group.members and group.epoch > group.assignment_epoch:
                 timers.append(TimerSet(_timer(ASSIGNMENT_TIMER, group.group_id), now_ms))
+        timers.extend(self.classic.timers(now_ms))
         return timers
 
     # ------------------------------------------------------------------ config
@@ -261,6 +266,7 @@ class GroupCoordinator:
                     f"group {group_id} does not exist, so has no member {member_id}",
                 )
             self._check_assignors(None, request, member_id)
+            self.classic.give_up_empty(group_id, change)  # (raises if it has members)
             group = self._create_group(group_id, change)
 
         if epoch == LEAVE_EPOCH:
@@ -1297,6 +1303,8 @@ class GroupCoordinator:
     # ------------------------------------------------------------------ timers
     def on_timer(self, key: TimerKey, now_ms: int) -> Result[None]:
         kind, group_id, member_id = key
+        if kind in CLASSIC_TIMERS:
+            return self.classic.on_timer(key, now_ms)
         change = _Change(self.store)
         group = self.store.groups.get(group_id)
         if group is None:
