@@ -13,7 +13,19 @@ import structlog
 import trio
 
 from coordinator.metrics import api_name
+from coordinator.server import classic
+from coordinator.server.classic import Address
 from coordinator.server.runtime import NotDurable, Runtime
+from protocol.classic import (
+    CLASSIC_APIS,
+    FIND_COORDINATOR,
+    JOIN_GROUP,
+    LEAVE_GROUP,
+    LIST_GROUPS,
+    METADATA,
+    SYNC_GROUP,
+)
+from protocol.classic import HEARTBEAT as HEARTBEAT_V
 from protocol.errors import ErrorCode
 from protocol.fastpath import encode_heartbeat_response
 from protocol.framing import (
@@ -87,6 +99,9 @@ class KafkaServer:
         """Graceful shutdown: stop accepting, wait for in-flight requests, then close."""
         if self._accepting is not None:
             self._accepting.cancel()
+        # Parked JoinGroup/SyncGroup requests would hold the drain until their groups
+        # move on: they are told to find the coordinator again.
+        self.runtime.waiters.release_all(ErrorCode.COORDINATOR_NOT_AVAILABLE)
         with trio.move_on_after(timeout_s):
             await self._idle.wait()
         if self._connections is not None:
@@ -98,8 +113,10 @@ class KafkaServer:
         frames = FrameBuffer(self.max_frame_bytes)
         try:
             peer = stream.socket.getpeername()
+            local = stream.socket.getsockname()
         except OSError:
-            peer = None
+            peer = local = None
+        address = Address(str(local[0]), int(local[1])) if local else Address("", -1)
         try:
             async with stream:
                 while True:
@@ -124,7 +141,7 @@ class KafkaServer:
                     answers: list[bytes] = []
                     closing = False
                     for frame in frames:
-                        answer = await self._answer(frame, peer)
+                        answer = await self._answer(frame, peer, address)
                         if answer is None:
                             metrics.reject("malformed")
                             closing = True
@@ -140,7 +157,7 @@ class KafkaServer:
         finally:
             metrics.connections.dec()
 
-    async def _answer(self, frame: bytes, peer: Any) -> bytes | None:
+    async def _answer(self, frame: bytes, peer: Any, address: Address) -> bytes | None:
         """The framed response, or None when the connection must close."""
         started = time.perf_counter()
         try:
@@ -155,7 +172,10 @@ class KafkaServer:
         self.in_flight += 1
         self._idle = trio.Event() if self.in_flight == 1 else self._idle
         try:
-            answer, code = await self._dispatch(request)
+            if request.api_key in CLASSIC_APIS:
+                answer, code = await self._classic(request, peer, address)
+            else:
+                answer, code = await self._dispatch(request)
         except Exception as error:
             log.exception("request_failed", api=api_name(request.api_key))
             code = ErrorCode.UNKNOWN_SERVER_ERROR
@@ -171,6 +191,52 @@ class KafkaServer:
 
     def _count(self, api_key: int, code: int, started: float) -> None:
         self.runtime.metrics.observe_request(api_key, code, time.perf_counter() - started)
+
+    async def _classic(self, request: DecodedRequest, peer: Any,
+                       address: Address) -> tuple[bytes, int]:
+        """Kafka's own APIs: finding the coordinator, and classic groups."""
+        key, version, correlation = request.api_key, request.api_version, request.correlation_id
+        body = request.body
+        response: Any
+        code: int = ErrorCode.NONE
+        if key == METADATA:
+            response = classic.metadata_response(version, body, address)
+        elif key == FIND_COORDINATOR:
+            response, code = classic.find_coordinator_response(version, body, address)
+        else:
+            runtime = self.runtime
+            if not runtime.ready:
+                code = ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
+                return error_response(key, version, correlation, code, "loading",
+                                      group_ids=getattr(body, "groups", ())), code
+            engine = runtime.core.classic
+            try:
+                if key == JOIN_GROUP:
+                    host = str(peer[0]) if peer else ""
+                    join = classic.join_request(body, version, request.client_id, host)
+                    answer = await runtime.classic(engine.join, join)
+                    response, code = classic.join_response(version, answer), answer.error
+                elif key == SYNC_GROUP:
+                    answer = await runtime.classic(engine.sync, classic.sync_request(body))
+                    response, code = classic.sync_response(version, answer), answer.error
+                elif key == HEARTBEAT_V:
+                    beat = await runtime.classic(engine.heartbeat,
+                                                 classic.heartbeat_request(body))
+                    response, code = classic.heartbeat_response(version, beat.error), beat.error
+                elif key == LEAVE_GROUP:
+                    left = await runtime.classic(engine.leave,
+                                                 classic.leave_request(body, version))
+                    response = classic.leave_response(version, left.error, left.members)
+                    code = left.error
+                elif key == LIST_GROUPS:
+                    response = classic.list_groups_response(version, body, runtime.core)
+                else:
+                    response = classic.describe_groups_response(version, body, runtime.core)
+            except NotDurable:
+                code = ErrorCode.COORDINATOR_NOT_AVAILABLE
+                return error_response(key, version, correlation, code, "not durable",
+                                      group_ids=getattr(body, "groups", ())), code
+        return encode_response(key, version, correlation, response), code
 
     async def _dispatch(self, request: DecodedRequest) -> tuple[bytes, int]:
         key, version, correlation = request.api_key, request.api_version, request.correlation_id
