@@ -19,11 +19,14 @@ EPILOG = """\
 commands:
   serve      run the coordinator (KRPC listener, admin HTTP API, durable log)
   describe   show groups, their epochs and members' assignments
-  bench      benchmarks: codec | core | heartbeats | assignor | install | log | replay
+  bench      benchmarks: codec | core | heartbeats | assignor | install | log | replay |
+             proxy
   log        log tools: check | dump | compact | snapshot
   simulate   fake Connect workers under chaos, checked for units run twice
   metrics    record /metrics scrapes (or a Prometheus range) as Parquet
   report     the PySpark capacity report from recorded metrics and a log snapshot
+  demo-connect  a KRaft broker, this coordinator in proxy mode and three real Connect
+             workers from Apache Kafka's jars (needs a checkout, java and mvn)
 
 Run `connect-coordinator COMMAND --help` for the options of each command.
 """
@@ -44,6 +47,10 @@ def _serve_parser(commands: Any) -> None:
     serve.add_argument("--in-memory", action="store_true",
                        help="keep state in memory only, with no log: nothing survives a "
                             "restart (throwaway test clusters, benchmarks)")
+    serve.add_argument("--upstream", metavar="HOST:PORT[,HOST:PORT...]",
+                       help="proxy mode: stand in front of this Kafka cluster (its bootstrap "
+                            "addresses; config proxy.upstream); requires "
+                            "--set proxy.groups=REGEX, the group ids this coordinator owns")
     serve.add_argument("--config", type=Path, metavar="FILE.toml",
                        help="a TOML file of server config keys (see README)")
     serve.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -84,13 +91,15 @@ def build_parser() -> argparse.ArgumentParser:
     tools.add_argument("rest", nargs=argparse.REMAINDER)
     for name, text in (("simulate", "fake Connect workers under chaos"),
                        ("metrics", "record metrics: metrics record ..."),
-                       ("report", "the PySpark capacity report")):
+                       ("report", "the PySpark capacity report"),
+                       ("demo-connect", "Kafka broker + proxy + 3 real Connect workers")):
         extra = commands.add_parser(name, help=text, add_help=False)
         extra.add_argument("rest", nargs=argparse.REMAINDER)
     return parser
 
 
 FORWARDED = {"log": "coordinator.log.cli", "simulate": "coordinator.workers.simulate",
+             "demo-connect": "coordinator.demo_connect",
              "metrics": "coordinator.report.recorder", "report": "coordinator.report.job"}
 BENCHES: dict[str, str] = {
     "codec": "protocol.bench",
@@ -100,6 +109,7 @@ BENCHES: dict[str, str] = {
     "log": "coordinator.log.bench",
     "replay": "coordinator.replay_bench",
     "install": "coordinator.server.bench_install",
+    "proxy": "coordinator.proxy.bench",
 }
 
 
@@ -168,7 +178,10 @@ def _serve(args: argparse.Namespace) -> int:
     from coordinator.assignors import UnknownAssignorError, load_assignors
 
     try:
-        config = load_config(args.config, args.set)
+        overrides = list(args.set)
+        if args.upstream:
+            overrides.insert(0, f"proxy.upstream={args.upstream}")
+        config = load_config(args.config, overrides)
         try:
             load_assignors(config.server_assignors)
         except UnknownAssignorError as error:

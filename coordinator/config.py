@@ -8,6 +8,7 @@ names the key.
 
 from __future__ import annotations
 
+import re
 import tomllib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -46,8 +47,15 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     classic_min_session_timeout_ms: Annotated[int, Meta(ge=1, le=MS_HOUR)] = 6_000
     classic_max_session_timeout_ms: Annotated[int, Meta(ge=1, le=24 * MS_HOUR)] = 1_800_000
     classic_group_type: Literal["classic", "connect"] = "classic"
+    # Proxy mode (coordinator/proxy): in front of a real Kafka cluster.
+    proxy_upstream: tuple[str, ...] = ()
+    proxy_groups: str | None = None
+    proxy_advertised_host: str | None = None
+    proxy_coordinator_node_id: Annotated[int, Meta(ge=0, le=2**31 - 1)] = 2_000_000_000
+    proxy_upstream_connect_timeout_ms: Annotated[int, Meta(ge=100, le=600_000)] = 5_000
 
     def __post_init__(self) -> None:
+        self._check_proxy()
         if self.heartbeat_interval_ms >= self.session_timeout_ms:
             raise ConfigError(
                 "group.connect.heartbeat.interval.ms must be below "
@@ -59,6 +67,24 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
                 "group.min.session.timeout.ms must not exceed group.max.session.timeout.ms "
                 f"({self.classic_min_session_timeout_ms} > {self.classic_max_session_timeout_ms})"
             )
+
+    def _check_proxy(self) -> None:
+        for address in self.proxy_upstream:
+            host, sep, port = address.rpartition(":")
+            if not sep or not host or not port.isdigit() or not 0 < int(port) <= 65535:
+                raise ConfigError(f"proxy.upstream: expected HOST:PORT, got {address!r}")
+        if self.proxy_upstream and not self.proxy_groups:
+            raise ConfigError("proxy.groups (a regular expression of the group ids this "
+                              "coordinator owns) is required with proxy.upstream")
+        if self.proxy_groups is not None:
+            try:
+                re.compile(self.proxy_groups)
+            except re.error as error:
+                raise ConfigError(f"proxy.groups is not a regular expression: {error}") from None
+
+    @property
+    def proxy_mode(self) -> bool:
+        return bool(self.proxy_upstream)
 
 
 # Dotted key -> field name; the dotted names are the public ones (README, --set, TOML).
@@ -82,7 +108,14 @@ CONFIG_KEYS: dict[str, str] = {
     "group.min.session.timeout.ms": "classic_min_session_timeout_ms",
     "group.max.session.timeout.ms": "classic_max_session_timeout_ms",
     "group.connect.classic.group.type": "classic_group_type",
+    "proxy.upstream": "proxy_upstream",
+    "proxy.groups": "proxy_groups",
+    "proxy.advertised.host": "proxy_advertised_host",
+    "proxy.coordinator.node.id": "proxy_coordinator_node_id",
+    "proxy.upstream.connect.timeout.ms": "proxy_upstream_connect_timeout_ms",
 }
+# Keys whose --set value is taken as written (a regular expression, a host name).
+RAW_STRING_KEYS = frozenset({"proxy.groups", "proxy.advertised.host"})
 FIELD_KEYS = {field: key for key, field in CONFIG_KEYS.items()}
 
 
@@ -105,8 +138,10 @@ def _parse_set(item: str) -> tuple[str, Any]:
     if key not in CONFIG_KEYS:
         raise ConfigError(f"unknown config key {key!r} (known: {', '.join(sorted(CONFIG_KEYS))})")
     field = CONFIG_KEYS[key]
-    if field == "server_assignors":
+    if field in ("server_assignors", "proxy_upstream"):
         return key, [name.strip() for name in raw.split(",") if name.strip()]
+    if key in RAW_STRING_KEYS:
+        return key, raw
     # TOML scalar syntax gives ints, booleans and quoted strings their natural types.
     try:
         return key, tomllib.loads(f"v = {raw}")["v"]

@@ -216,6 +216,72 @@ class _CoreCollector(Collector):
         )
 
 
+PROXY_UPSTREAM_FAILURES = (
+    "connect",  # no upstream address accepted a connection within the timeout
+    "closed",  # the upstream connection closed or broke with requests in flight
+)
+
+
+class ProxyMetrics:
+    """Proxy mode's metrics (registered only in proxy mode), by Kafka API name."""
+
+    def __init__(self, registry: CollectorRegistry, api_names: dict[int, str]) -> None:
+        self._names = api_names
+        labels = [*sorted(set(api_names.values())), UNKNOWN_API]
+        self.forwarded_requests = Counter(
+            PREFIX + "proxy_forwarded_requests",
+            "Requests forwarded to the upstream Kafka cluster, by API.",
+            ["api"], registry=registry)
+        self.forwarded_request_bytes = Counter(
+            PREFIX + "proxy_forwarded_request_bytes",
+            "Bytes of requests forwarded upstream (size prefix included), by API.",
+            ["api"], registry=registry)
+        self.forwarded_response_bytes = Counter(
+            PREFIX + "proxy_forwarded_response_bytes",
+            "Bytes of upstream responses relayed to clients (after rewriting), by API.",
+            ["api"], registry=registry)
+        self.owned_requests = Counter(
+            PREFIX + "proxy_owned_group_requests",
+            "Requests for the groups this coordinator owns (proxy.groups), answered "
+            "locally, by API.",
+            ["api"], registry=registry)
+        self.upstream_failures = Counter(
+            PREFIX + "proxy_upstream_failures",
+            "Client connections closed because of the upstream, by reason (connect, "
+            "closed).",
+            ["reason"], registry=registry)
+        self.connections = Gauge(
+            PREFIX + "proxy_connections", "Open client connections of the proxy.",
+            registry=registry)
+        self._children: dict[tuple[str, int], Any] = {}
+        for api in labels:
+            for counter in (self.forwarded_requests, self.forwarded_request_bytes,
+                            self.forwarded_response_bytes, self.owned_requests):
+                counter.labels(api)
+        for reason in PROXY_UPSTREAM_FAILURES:
+            self.upstream_failures.labels(reason)
+
+    def _child(self, counter: Counter, kind: str, api_key: int) -> Any:
+        child = self._children.get((kind, api_key))
+        if child is None:
+            child = counter.labels(self._names.get(api_key, UNKNOWN_API))
+            self._children[kind, api_key] = child
+        return child
+
+    def forwarded(self, api_key: int, size: int) -> None:
+        self._child(self.forwarded_requests, "requests", api_key).inc()
+        self._child(self.forwarded_request_bytes, "request_bytes", api_key).inc(size)
+
+    def relayed(self, api_key: int, size: int) -> None:
+        self._child(self.forwarded_response_bytes, "response_bytes", api_key).inc(size)
+
+    def owned(self, api_key: int) -> None:
+        self._child(self.owned_requests, "owned", api_key).inc()
+
+    def upstream_failure(self, reason: str) -> None:
+        self.upstream_failures.labels(reason).inc()
+
+
 class Metrics:
     """Every metric the server exports; `render()` gives the Prometheus text format."""
 

@@ -14,6 +14,7 @@ versions the server speaks.
 from __future__ import annotations
 
 import datetime
+import enum
 import io
 from collections import deque
 from collections.abc import Iterator, Sequence
@@ -405,13 +406,21 @@ def _zero_value(annotation: Any, field_name: str) -> Any:
     if annotation is bool:
         return False
     if is_dataclass(annotation) and isinstance(annotation, type):
-        return _zero_entity(annotation)
+        return zero_entity(annotation)
     if None in (args := get_args(annotation)) or type(None) in args:
         return None
+    if isinstance(annotation, type):  # kio's own primitives: i32, i32Timedelta, ErrorCode
+        if issubclass(annotation, enum.IntEnum):
+            return annotation(0)
+        if issubclass(annotation, datetime.timedelta):
+            parse: Any = getattr(annotation, "parse", None)
+            return parse(datetime.timedelta(0)) if parse else datetime.timedelta(0)
+        if issubclass(annotation, (int, str)):
+            return annotation()
     raise TypeError(f"no empty value for {field_name}: {annotation!r}")
 
 
-def _zero_entity(entity_type: type[Any], **values: Any) -> Any:
+def zero_entity(entity_type: type[Any], **values: Any) -> Any:
     """An instance with ``values`` set and every other required field empty (0, "", ())."""
     for entity_field in fields(entity_type):
         if entity_field.name in values:
@@ -466,12 +475,12 @@ def error_response(
     error_fields: dict[str, Any] = {"error_code": int(code), "error_message": message}
     if response_type is ConnectGroupDescribeResponse:
         groups = tuple(
-            _zero_entity(DescribedGroup, group_id=group_id, **error_fields)
+            zero_entity(DescribedGroup, group_id=group_id, **error_fields)
             for group_id in (group_ids or ("",))
         )
-        response = _zero_entity(response_type, groups=groups)
+        response = zero_entity(response_type, groups=groups)
     else:
-        response = _zero_entity(response_type, **error_fields)
+        response = zero_entity(response_type, **error_fields)
     return encode_response(api_key, 0, correlation_id, response)
 
 

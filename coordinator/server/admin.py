@@ -7,7 +7,7 @@ the records are made durable before the answer. Bad input gets a 4xx with a JSON
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 from starlette.applications import Starlette
@@ -87,7 +87,11 @@ def group_view(runtime: Runtime, group_id: str) -> dict[str, Any]:
     }
 
 
-def build_admin_app(runtime: Runtime) -> Starlette:
+class ProxyView(Protocol):
+    def mapping(self) -> dict[str, Any]: ...
+
+
+def build_admin_app(runtime: Runtime, proxy: ProxyView | None = None) -> Starlette:
     async def guarded(request: Request, handler: Any) -> Response:
         try:
             return await handler(request)  # type: ignore[no-any-return]
@@ -119,6 +123,12 @@ def build_admin_app(runtime: Runtime) -> Starlette:
         if runtime.ready:
             return JSONResponse({"status": "ready"})
         return JSONResponse({"status": "loading"}, status_code=503)
+
+    async def proxy_mapping(request: Request) -> Response:
+        if proxy is None:
+            return _error(404, "NOT_PROXY", "the coordinator is not in proxy mode "
+                                            "(serve --upstream)")
+        return JSONResponse(proxy.mapping())
 
     async def metrics(request: Request) -> Response:
         return Response(runtime.metrics.render(),
@@ -198,6 +208,7 @@ def build_admin_app(runtime: Runtime) -> Starlette:
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
+        Route("/proxy", proxy_mapping, methods=["GET"]),
         Route("/groups", list_groups, methods=["GET"]),
         Route("/groups/{group}", get_group, methods=["GET"]),
         Route("/groups/{group}", delete_group, methods=["DELETE"]),

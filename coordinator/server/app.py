@@ -17,7 +17,9 @@ from coordinator.config import ServerConfig
 from coordinator.core.coordinator import GroupCoordinator
 from coordinator.log.files import FileLayer
 from coordinator.log.lock import DataDirLock
-from coordinator.metrics import Metrics
+from coordinator.metrics import API_NAMES, Metrics, ProxyMetrics
+from coordinator.proxy.server import ProxyServer
+from coordinator.proxy.wire import API_NAMES as PROXY_API_NAMES
 from coordinator.server.admin import build_admin_app
 from coordinator.server.kafka import KafkaServer
 from coordinator.server.runtime import Clock, RecordSink, Runtime
@@ -85,6 +87,11 @@ async def run_server(
         if log_sink is not None:
             log_sink.on_failure = runtime.roll_back_writes
         kafka = KafkaServer(runtime, config.max_frame_bytes)
+        listener: KafkaServer | ProxyServer = kafka
+        if config.proxy_mode:  # in front of a real Kafka cluster; owned groups answered here
+            proxy_metrics = ProxyMetrics(metrics.registry, {**PROXY_API_NAMES, **API_NAMES})
+            listener = ProxyServer(kafka, config, proxy_metrics)
+        proxy = listener if isinstance(listener, ProxyServer) else None
         admin_stopped = trio.Event()
         http_config = HypercornConfig()
         http_config.bind = [f"{admin_listen[0]}:{admin_listen[1]}"]
@@ -95,8 +102,8 @@ async def run_server(
             if log_sink is not None:
                 await nursery.start(log_sink.run)
             await nursery.start(runtime.run)
-            kafka_port = await nursery.start(kafka.serve, listen[0], listen[1])
-            binds = await nursery.start(partial(serve_http, build_admin_app(runtime),  # type: ignore[arg-type]
+            kafka_port = await nursery.start(listener.serve, listen[0], listen[1])
+            binds = await nursery.start(partial(serve_http, build_admin_app(runtime, proxy),  # type: ignore[arg-type]
                                                 http_config,
                                                 shutdown_trigger=admin_stopped.wait))
             admin_port = int(binds[0].rsplit(":", 1)[1])
@@ -112,7 +119,7 @@ async def run_server(
             task_status.started(handle)
             await handle.stop_requested.wait()
             log.info("shutting_down", in_flight=kafka.in_flight)
-            await kafka.drain(config.shutdown_timeout_ms / 1000)
+            await listener.drain(config.shutdown_timeout_ms / 1000)
             admin_stopped.set()
             await runtime.close()
             nursery.cancel_scope.cancel()

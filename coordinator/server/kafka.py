@@ -157,6 +157,16 @@ class KafkaServer:
         finally:
             metrics.connections.dec()
 
+    async def wait_idle(self) -> None:
+        """Until no request is being answered."""
+        await self._idle.wait()
+
+    async def answer_frame(self, frame: bytes, peer: Any, address: Address) -> bytes | None:
+        """One request frame's framed response, or None when its connection must close
+        (the proxy hands the requests of owned groups here; `address` is the one the
+        coordinator is known by)."""
+        return await self._answer(frame, peer, address)
+
     async def _answer(self, frame: bytes, peer: Any, address: Address) -> bytes | None:
         """The framed response, or None when the connection must close."""
         started = time.perf_counter()

@@ -1,0 +1,230 @@
+"""`bench proxy`: producer and consumer throughput through the proxy vs directly to the broker.
+
+Starts a KRaft broker from Apache Kafka's jars and the coordinator in proxy mode in front
+of it, then runs Kafka's own ProducerPerformance and ConsumerPerformance (1 KB records by
+default) alternately directly against the broker and through the proxy, a fresh topic per
+run, and prints each run and the medians side by side with their ratio. Needs a checkout
+(the jars' pom), java and mvn (see coordinator/realkafka.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from coordinator.realkafka import (
+    Coordinator,
+    InteropUnavailable,
+    ensure_jars,
+    require_java,
+    run_tool,
+    start_broker,
+    start_coordinator,
+)
+
+HEARTBEAT = 1000  # ConnectGroupHeartbeat
+
+
+def _producer_mb_per_s(stdout: str) -> float:
+    match = re.search(r"records sent, [\d.]+ records/sec \(([\d.]+) MB/sec\)", stdout)
+    if match is None:
+        raise RuntimeError(f"no summary in ProducerPerformance's output:\n{stdout}")
+    return float(match.group(1))
+
+
+def _consumer_mb_per_s(stdout: str) -> tuple[float, int]:
+    """(fetch.MB.sec, data.consumed.in.nMsg): fetch time excludes the group join."""
+    lines = stdout.splitlines()
+    header = next(i for i, line in enumerate(lines) if "fetch.MB.sec" in line)
+    columns = [column.strip() for column in lines[header].split(",")]
+    values = [value.strip() for value in lines[header + 1].split(",")]
+    return (float(values[columns.index("fetch.MB.sec")]),
+            int(float(values[columns.index("data.consumed.in.nMsg")])))
+
+
+def one_run(folder: Path, bootstrap: str, topic: str, records: int, record_size: int
+            ) -> tuple[float, float]:
+    produced = run_tool(
+        "org.apache.kafka.tools.ProducerPerformance", folder / "producer", "--topic", topic,
+        "--num-records", str(records), "--record-size", str(record_size),
+        "--throughput", "-1", "--command-property", f"bootstrap.servers={bootstrap}",
+        "acks=1", "linger.ms=5", timeout_s=600)
+    if produced.returncode != 0:
+        raise RuntimeError(produced.stdout + produced.stderr)
+    consumed = run_tool(
+        "org.apache.kafka.tools.ConsumerPerformance", folder / "consumer",
+        "--bootstrap-server", bootstrap, "--topic", topic, "--num-records", str(records),
+        "--group", f"bench-{topic}", "--timeout", "120000", timeout_s=600)
+    if consumed.returncode != 0:
+        raise RuntimeError(consumed.stdout + consumed.stderr)
+    fetch_mb_per_s, count = _consumer_mb_per_s(consumed.stdout)
+    if count != records:
+        raise RuntimeError(f"consumed {count} of {records} records")
+    return _producer_mb_per_s(produced.stdout), fetch_mb_per_s
+
+
+def heartbeat_latencies(host: str, port: int, seconds: float, interval_s: float = 0.02
+                        ) -> list[float]:
+    """ConnectGroupHeartbeat round trips (seconds) of one member of an owned group, sent
+    through the proxy's listener every `interval_s` for `seconds`."""
+    import trio
+
+    from coordinator.client import KafkaClient
+    from protocol.messages import ConnectGroupHeartbeatRequest
+    from protocol.messages.connect_group_heartbeat_request import ClientAssignor
+
+    assignor = ClientAssignor(name="incremental-cooperative", minimum_version=1,
+                              maximum_version=2, reason=0, version=2, metadata=b"")
+
+    async def probe() -> list[float]:
+        latencies: list[float] = []
+        async with await KafkaClient.connect(host, port) as client:
+            member, epoch = "bench-member", 0
+            joined = await client.request(HEARTBEAT, ConnectGroupHeartbeatRequest(
+                group_id="owned-bench", member_id=member, member_epoch=0,
+                worker_url="http://bench:8083", rebalance_timeout_ms=30_000,
+                client_assignors=(assignor,)))
+            epoch = joined.member_epoch
+            deadline = time.monotonic() + seconds
+            while time.monotonic() < deadline:
+                started = time.perf_counter()
+                answer = await client.request(HEARTBEAT, ConnectGroupHeartbeatRequest(
+                    group_id="owned-bench", member_id=member, member_epoch=epoch))
+                latencies.append(time.perf_counter() - started)
+                if answer.error_code == 0:
+                    epoch = answer.member_epoch
+                await trio.sleep(interval_s)
+        return latencies
+
+    return trio.run(probe)
+
+
+def _percentiles(latencies: list[float]) -> str:
+    ordered = sorted(latencies)
+
+    def at(share: float) -> float:
+        return ordered[min(len(ordered) - 1, int(share * len(ordered)))] * 1000
+
+    return (f"n={len(ordered):5d}  p50 {at(0.5):6.2f} ms  p99 {at(0.99):6.2f} ms  "
+            f"max {ordered[-1] * 1000:6.2f} ms")
+
+
+def heartbeats_under_fetch(root: Path, coordinator: Coordinator, broker_bootstrap: str,
+                           records: int) -> None:
+    """Heartbeat latency through the proxy, idle and while a consumer fetches `records`
+    records through the same proxy (the forwarded stream and the heartbeats share the
+    coordinator's event loop)."""
+    import threading
+
+    idle = heartbeat_latencies(coordinator.host, coordinator.port, 8.0)
+
+    def under_fetch(bootstrap: str, name: str) -> list[float]:
+        done = threading.Event()
+
+        def fetch_repeatedly() -> None:
+            run = 0
+            while not done.is_set():
+                run_tool("org.apache.kafka.tools.ConsumerPerformance",
+                         root / f"hb-consumer-{name}-{run}", "--bootstrap-server", bootstrap,
+                         "--topic", "bench-hb", "--num-records", str(records),
+                         "--group", f"bench-hb-{name}-{run}", "--timeout", "60000",
+                         timeout_s=300)
+                run += 1
+
+        fetcher = threading.Thread(target=fetch_repeatedly, daemon=True)
+        fetcher.start()
+        time.sleep(3.0)  # past the consumer's start-up, into its fetches
+        latencies = heartbeat_latencies(coordinator.host, coordinator.port, 8.0)
+        done.set()
+        fetcher.join(timeout=300)
+        return latencies
+
+    produced = run_tool(
+        "org.apache.kafka.tools.ProducerPerformance", root / "hb-producer", "--topic",
+        "bench-hb", "--num-records", str(records), "--record-size", "1024", "--throughput",
+        "-1", "--command-property", f"bootstrap.servers={coordinator.bootstrap}", "acks=1",
+        timeout_s=600)
+    if produced.returncode != 0:
+        raise RuntimeError(produced.stdout + produced.stderr)
+    direct = under_fetch(broker_bootstrap, "direct")
+    loaded = under_fetch(coordinator.bootstrap, "proxy")
+    forwarded = coordinator.metrics()
+    fetched = [line for line in forwarded.splitlines() if line.startswith(
+        'connect_coordinator_proxy_forwarded_response_bytes_total{api="Fetch"}')]
+    print("heartbeats through the proxy (an owned group's member, every 20 ms):")
+    print(f"  idle                      {_percentiles(idle)}")
+    print(f"  consumer fetching direct  {_percentiles(direct)}  (the same CPU load)")
+    print(f"  consumer fetching via it  {_percentiles(loaded)}")
+    print(f"  ({fetched[0].rsplit(' ', 1)[1] if fetched else '?'} Fetch bytes relayed)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="connect-coordinator bench proxy",
+        description="Producer and consumer throughput through the proxy vs direct.")
+    parser.add_argument("--records", type=int, default=200_000)
+    parser.add_argument("--record-size", type=int, default=1024)
+    parser.add_argument("--runs", type=int, default=3, help="runs of each side (alternating)")
+    parser.add_argument("--heartbeats", action="store_true",
+                        help="also: heartbeat latency through the proxy while a consumer "
+                             "fetches through it")
+    parser.add_argument("--only-heartbeats", action="store_true")
+    args = parser.parse_args(argv)
+    try:
+        require_java()
+        ensure_jars()
+    except InteropUnavailable as error:
+        print(f"bench proxy: {error}", file=sys.stderr)
+        return 2
+    results: dict[str, list[tuple[float, float]]] = {"direct": [], "proxy": []}
+    with tempfile.TemporaryDirectory(prefix="bench-proxy-") as scratch:
+        root = Path(scratch)
+        broker = start_broker(root / "broker")
+        coordinator: Coordinator | None = None
+        try:
+            coordinator = start_coordinator(root / "coordinator", broker.bootstrap,
+                                            "owned-.*")
+            if args.heartbeats or args.only_heartbeats:
+                heartbeats_under_fetch(root, coordinator, broker.bootstrap, args.records)
+                if args.only_heartbeats:
+                    return 0
+            sides = {"direct": broker.bootstrap, "proxy": coordinator.bootstrap}
+            print(f"{args.records} records of {args.record_size} B, acks=1, "
+                  f"{args.runs} runs per side, alternating, after a warm-up run of each",
+                  flush=True)
+            for side, bootstrap in sides.items():  # topic creation, the broker's JIT
+                one_run(root / f"warm-{side}", bootstrap, f"warm-{side}",
+                        max(args.records // 4, 1000), args.record_size)
+            for run in range(args.runs):
+                for side, bootstrap in (sides.items() if run % 2 == 0
+                                        else reversed(sides.items())):
+                    started = time.monotonic()
+                    produce, fetch = one_run(root / f"{side}-{run}", bootstrap,
+                                             f"bench-{side}-{run}", args.records,
+                                             args.record_size)
+                    results[side].append((produce, fetch))
+                    print(f"  run {run + 1} {side:6}: produce {produce:7.2f} MB/s  "
+                          f"consume (fetch) {fetch:7.2f} MB/s  "
+                          f"({time.monotonic() - started:.0f} s)", flush=True)
+        finally:
+            if coordinator is not None:
+                coordinator.stop()
+            broker.stop()
+    medians = {side: (statistics.median(r[0] for r in runs),
+                      statistics.median(r[1] for r in runs))
+               for side, runs in results.items()}
+    print("median        produce MB/s  consume MB/s")
+    for side, (produce, fetch) in medians.items():
+        print(f"  {side:10}  {produce:12.2f}  {fetch:12.2f}")
+    print(f"  proxy/direct {medians['proxy'][0] / medians['direct'][0]:11.2f}  "
+          f"{medians['proxy'][1] / medians['direct'][1]:12.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

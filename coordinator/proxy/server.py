@@ -1,0 +1,514 @@
+"""The proxy's listeners and connections (trio).
+
+One bootstrap listener (the coordinator's `--listen`) forwards to the upstream bootstrap
+addresses; one listener per upstream broker, opened when the broker is first named in a
+response (or by the start-up Metadata probe), forwards to that broker. Each client
+connection has one upstream connection, opened on its first forwarded request.
+
+Per connection, a reader task cuts request frames and either forwards them at once or
+starts their local answer; every request that expects a response puts a slot in a
+bounded queue in request order, and a writer task empties the queue: it waits for the
+local answer, or reads the next response from the upstream stream and streams it to the
+client (decoding only the few that carry addresses). Kafka answers in order on one
+connection, so the next upstream response always belongs to the oldest upstream slot.
+"""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import structlog
+import trio
+
+from coordinator.proxy import wire
+from coordinator.server.classic import Address
+from protocol._codec import INT32
+from protocol.errors import ErrorCode
+from protocol.framing import (
+    REQUEST_CLASSES,
+    SUPPORTED_APIS,
+    FrameBuffer,
+    FrameError,
+    MalformedRequest,
+    MalformedResponse,
+)
+
+if TYPE_CHECKING:
+    from coordinator.config import ServerConfig
+    from coordinator.metrics import ProxyMetrics
+    from coordinator.server.kafka import KafkaServer
+
+log = structlog.get_logger("connect_coordinator.proxy")
+
+RECEIVE_BYTES = 262_144
+MAX_IN_FLIGHT = 100  # per connection; Kafka clients send at most 5 by default
+FLUSH_BYTES = 1_048_576  # forwarded requests are sent upstream at least this often
+
+
+def parse_upstream(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+class UpstreamClosed(Exception):
+    """The upstream broker closed the connection (or it broke) mid-response."""
+
+
+class _ByteReader:
+    """Reads exact byte counts from a stream, or relays them to another stream."""
+
+    def __init__(self, stream: trio.SocketStream) -> None:
+        self.stream = stream
+        self._buffer = bytearray()
+
+    async def _fill(self, limit: int) -> None:
+        try:
+            data = await self.stream.receive_some(max(limit, RECEIVE_BYTES))
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as error:
+            raise UpstreamClosed(str(error)) from None
+        if not data:
+            raise UpstreamClosed("the upstream broker closed the connection")
+        self._buffer += data
+
+    async def read_exactly(self, count: int) -> bytes:
+        while len(self._buffer) < count:
+            await self._fill(count - len(self._buffer))
+        data = bytes(self._buffer[:count])
+        del self._buffer[:count]
+        return data
+
+    async def relay(self, count: int, destination: trio.SocketStream, prefix: bytes = b""
+                    ) -> None:
+        """Send `prefix` and the next `count` bytes to `destination` as they arrive (one
+        send when they are already here: a send on loopback costs more than a copy)."""
+        while count > 0:
+            if not self._buffer:
+                await self._fill(min(count, RECEIVE_BYTES))
+            chunk = prefix + self._buffer[:count]
+            del self._buffer[:len(chunk) - len(prefix)]
+            count -= len(chunk) - len(prefix)
+            prefix = b""
+            await destination.send_all(chunk)
+        if prefix:
+            await destination.send_all(prefix)
+
+
+@dataclass(eq=False)
+class _Slot:
+    """One expected response, in request order."""
+
+    routing: wire.Routing | None
+    upstream: bool = False  # the next upstream response; else `answer` once `done`
+    done: trio.Event = field(default_factory=trio.Event)
+    answer: bytes | None = None  # None when done: close the connection
+    reason: str = ""
+
+    def finish(self, answer: bytes | None, reason: str = "") -> None:
+        self.answer, self.reason = answer, reason
+        self.done.set()
+
+
+class ProxyServer:
+    """Serves the Kafka listener in proxy mode (same `serve` / `drain` as KafkaServer)."""
+
+    def __init__(self, local: KafkaServer, config: ServerConfig, metrics: ProxyMetrics) -> None:
+        assert config.proxy_groups is not None
+        self.local = local
+        self.metrics = metrics
+        self.upstreams = [parse_upstream(address) for address in config.proxy_upstream]
+        self.owned = wire.GroupMatcher(config.proxy_groups)
+        self.connect_timeout_s = config.proxy_upstream_connect_timeout_ms / 1000
+        self.max_frame_bytes = config.max_frame_bytes
+        self.coordinator_node_id = config.proxy_coordinator_node_id
+        self._advertised_host = config.proxy_advertised_host
+        self.listen_host = "127.0.0.1"
+        self.bootstrap_port = 0
+        self.node_addresses: dict[int, tuple[str, int]] = {}  # node id -> upstream address
+        self.node_ports: dict[int, int] = {}  # node id -> local port
+        self._bind_lock = trio.Lock()
+        self._accept_nursery: trio.Nursery | None = None
+        self._connection_nursery: trio.Nursery | None = None
+        self._accepting: trio.CancelScope | None = None
+        self._connections: trio.CancelScope | None = None
+        # API keys the local handlers serve for owned groups (the classic group APIs once
+        # they exist there): ApiVersions caps them to the local range too.
+        self.local_group_apis = frozenset(key for key in wire.GROUP_IDS if key in SUPPORTED_APIS)
+
+    # -- addresses -----------------------------------------------------------------------
+
+    @property
+    def advertised_host(self) -> str:
+        if self._advertised_host:
+            return self._advertised_host
+        if self.listen_host in ("0.0.0.0", "::", ""):
+            return socket.gethostname()
+        return self.listen_host
+
+    @property
+    def coordinator(self) -> wire.Endpoint:
+        return wire.Endpoint(self.coordinator_node_id, self.advertised_host, self.bootstrap_port)
+
+    def local_address(self, node_id: int) -> tuple[str, int]:
+        return self.advertised_host, self.node_ports[node_id]
+
+    def mapping(self) -> dict[str, Any]:
+        """The documented mapping, as JSON: bootstrap and each node's local port."""
+        return {
+            "bootstrap": f"{self.advertised_host}:{self.bootstrap_port}",
+            "upstream": [f"{host}:{port}" for host, port in self.upstreams],
+            "coordinator_node_id": self.coordinator_node_id,
+            "groups": self.owned.pattern,
+            "nodes": {str(node): {"local": f"{self.advertised_host}:{self.node_ports[node]}",
+                                  "upstream": "{}:{}".format(*self.node_addresses[node])}
+                      for node in sorted(self.node_ports)},
+        }
+
+    async def learn_node(self, endpoint: wire.Endpoint) -> None:
+        """Remember where an upstream node is and give it a local listener if it has none:
+        listen port + 1 + node id when free, else any free port."""
+        node = endpoint.node_id
+        self.node_addresses[node] = (endpoint.host, endpoint.port)
+        if node in self.node_ports:
+            return
+        if node == self.coordinator_node_id:
+            log.error("proxy_node_id_clash", node_id=node,
+                      hint="set proxy.coordinator.node.id to an id no upstream broker uses")
+        async with self._bind_lock:
+            if node in self.node_ports:
+                return
+            if self._accept_nursery is None:
+                raise UpstreamClosed("the proxy is shutting down")
+            preferred = self.bootstrap_port + 1 + node
+            listeners: list[trio.SocketListener] = []
+            if self.bootstrap_port and 0 <= node and preferred <= 65535:
+                try:
+                    listeners = await trio.open_tcp_listeners(preferred, host=self.listen_host)
+                except OSError as error:
+                    log.warning("proxy_node_port_taken", node_id=node, port=preferred,
+                                error=str(error))
+            if not listeners:
+                listeners = await trio.open_tcp_listeners(0, host=self.listen_host)
+            port = int(listeners[0].socket.getsockname()[1])
+            self.node_ports[node] = port
+            for listener in listeners:
+                self._accept_nursery.start_soon(self._accept, listener, node)
+            log.info("proxy_node_listener", node_id=node,
+                     listen=f"{self.advertised_host}:{port}",
+                     upstream=f"{endpoint.host}:{endpoint.port}")
+
+    async def learn_nodes(self) -> bool:
+        """Ask an upstream bootstrap address for its brokers (Metadata with no topics) and
+        open their listeners. False when no upstream answered."""
+        version = 12
+        request_type = wire._request_type(wire.METADATA, version)
+        body = request_type(topics=(), allow_auto_topic_creation=False,
+                            include_topic_authorized_operations=False)
+        frame = wire.encode_request(wire.METADATA, version, 1, body)
+        for host, port in self.upstreams:
+            try:
+                with trio.fail_after(self.connect_timeout_s * 2):
+                    stream = await trio.open_tcp_stream(host, port)
+                    async with stream:
+                        await stream.send_all(frame)
+                        reader = _ByteReader(stream)
+                        size = INT32.unpack(await reader.read_exactly(4))[0]
+                        response = await reader.read_exactly(size)
+                _, metadata = wire.decode_response(response, wire.METADATA, version)
+            except (OSError, trio.TooSlowError, UpstreamClosed, MalformedResponse) as error:
+                log.warning("proxy_upstream_probe_failed", upstream=f"{host}:{port}",
+                            error=str(error) or type(error).__name__)
+                continue
+            for endpoint in wire.endpoints(wire.METADATA, version, metadata):
+                await self.learn_node(endpoint)
+            return True
+        return False
+
+    # -- listening -----------------------------------------------------------------------
+
+    async def serve(self, host: str, port: int, *,
+                    task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+        listeners = await trio.open_tcp_listeners(port, host=host)
+        self.listen_host = host
+        self.bootstrap_port = int(listeners[0].socket.getsockname()[1])
+        try:
+            with trio.CancelScope() as self._connections:
+                async with trio.open_nursery() as nursery:
+                    self._connection_nursery = nursery
+                    with trio.CancelScope() as self._accepting:
+                        async with trio.open_nursery() as accept_nursery:
+                            self._accept_nursery = accept_nursery
+                            for listener in listeners:
+                                accept_nursery.start_soon(self._accept, listener, None)
+                            log.info("proxy_listening", **self.mapping())
+                            task_status.started(self.bootstrap_port)
+                            accept_nursery.start_soon(self.learn_nodes)
+                    self._accept_nursery = None
+        finally:
+            self._accept_nursery = None
+            for listener in listeners:
+                listener.socket.close()
+        log.info("proxy_closed")
+
+    async def _accept(self, listener: trio.SocketListener, node: int | None) -> None:
+        try:
+            while True:
+                try:
+                    stream = await listener.accept()
+                except OSError as error:
+                    log.warning("accept_failed", error=str(error))
+                    await trio.sleep(0.1)
+                    continue
+                assert self._connection_nursery is not None
+                self._connection_nursery.start_soon(_Connection(self, stream, node).run)
+        finally:
+            listener.socket.close()
+
+    async def drain(self, timeout_s: float) -> None:
+        """Stop accepting, let local answers in flight finish, then close connections."""
+        if self._accepting is not None:
+            self._accepting.cancel()
+        with trio.move_on_after(timeout_s):
+            await self.local.wait_idle()
+        if self._connections is not None:
+            self._connections.cancel()
+
+
+class _Connection:
+    def __init__(self, proxy: ProxyServer, client: trio.SocketStream, node: int | None) -> None:
+        self.proxy = proxy
+        self.client = client
+        self.node = node  # None: the bootstrap listener
+        self.upstream: trio.SocketStream | None = None
+        self.responses: _ByteReader | None = None
+        self._outgoing: list[bytes] = []  # forwarded requests not yet sent upstream
+        self._outgoing_bytes = 0
+        try:
+            self.peer: Any = client.socket.getpeername()
+        except OSError:
+            self.peer = None
+
+    async def run(self) -> None:
+        metrics = self.proxy.metrics
+        metrics.connections.inc()
+        send, receive = trio.open_memory_channel[_Slot](MAX_IN_FLIGHT)
+        try:
+            async with self.client, trio.open_nursery() as nursery:
+                nursery.start_soon(self._read_requests, send, nursery)
+                await self._write_responses(receive)
+                nursery.cancel_scope.cancel()
+        except Exception:  # a bug here closes this connection, never the server
+            log.exception("proxy_connection_failed", peer=self.peer)
+        finally:
+            metrics.connections.dec()
+            if self.upstream is not None:
+                with trio.CancelScope(shield=True):
+                    await self.upstream.aclose()
+
+    # -- client -> proxy -----------------------------------------------------------------
+
+    async def _read_requests(self, slots: trio.MemorySendChannel[_Slot],
+                             nursery: trio.Nursery) -> None:
+        frames = FrameBuffer(self.proxy.max_frame_bytes)
+        async with slots:
+            while True:
+                try:
+                    data = await self.client.receive_some(RECEIVE_BYTES)
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    return
+                if not data:
+                    return
+                try:
+                    frames.feed(data)
+                except FrameError as error:
+                    await self._close_after(slots, f"bad frame: {error}")
+                    return
+                # The forwarded requests of one read go upstream in one send.
+                going_on = True
+                for frame in frames:
+                    going_on = await self._request(frame, slots, nursery)
+                    if not going_on or self._outgoing_bytes >= FLUSH_BYTES:
+                        going_on = await self._flush(slots) and going_on
+                    if not going_on:
+                        break
+                if not (await self._flush(slots) and going_on):
+                    return
+
+    async def _flush(self, slots: trio.MemorySendChannel[_Slot]) -> bool:
+        if not self._outgoing:
+            return True
+        assert self.upstream is not None
+        data = b"".join(self._outgoing)
+        self._outgoing.clear()
+        self._outgoing_bytes = 0
+        try:
+            await self.upstream.send_all(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as error:
+            self.proxy.metrics.upstream_failure("closed")
+            log.warning("proxy_upstream_send_failed", error=str(error), peer=self.peer)
+            await self.upstream.aclose()  # the writer's reads fail at once too
+            await self._close_after(slots, "the upstream connection broke")
+            return False
+        return True
+
+    async def _close_after(self, slots: trio.MemorySendChannel[_Slot], reason: str) -> None:
+        """Answer what came before, then close the connection."""
+        slot = _Slot(None)
+        slot.finish(None, reason)
+        await slots.send(slot)
+
+    async def _request(self, frame: bytes, slots: trio.MemorySendChannel[_Slot],
+                       nursery: trio.Nursery) -> bool:
+        """Route one request; False when the connection is to close after earlier answers."""
+        proxy = self.proxy
+        try:
+            routing = wire.classify(frame, proxy.owned)
+        except MalformedRequest as error:
+            await self._close_after(slots, f"malformed request: {error}")
+            return False
+        head = routing.head
+        if routing.action is wire.Action.FIND_COORDINATOR:
+            proxy.metrics.owned(head.api_key)
+            slot = _Slot(routing)
+            slot.finish(wire.find_coordinator_answer(head.api_version, head.correlation_id,
+                                                     routing.coordinator_keys,
+                                                     proxy.coordinator))
+            await slots.send(slot)
+            return True
+        if routing.action is wire.Action.LOCAL:
+            proxy.metrics.owned(head.api_key)
+            slot = _Slot(routing)
+            await slots.send(slot)
+            nursery.start_soon(self._answer_locally, frame, routing, slot)
+            return True
+        return await self._forward(frame, routing, slots)
+
+    async def _answer_locally(self, frame: bytes, routing: wire.Routing, slot: _Slot) -> None:
+        head = routing.head
+        if (head.api_key, head.api_version) in REQUEST_CLASSES:
+            coordinator = self.proxy.coordinator
+            answer = await self.proxy.local.answer_frame(
+                frame, self.peer, Address(coordinator.host, coordinator.port))
+            slot.finish(answer, "malformed request")
+            return
+        # An owned group's API the coordinator does not serve (yet): say so.
+        message = (f"API {wire.api_name(head.api_key)} v{head.api_version} is not served "
+                   "for the groups this coordinator owns (proxy.groups)")
+        log.warning("proxy_owned_group_api_not_served", api=wire.api_name(head.api_key),
+                    version=head.api_version, peer=self.peer)
+        slot.finish(wire.error_answer(head.api_key, head.api_version, head.correlation_id,
+                                      ErrorCode.UNSUPPORTED_VERSION, message), message)
+
+    async def _forward(self, frame: bytes, routing: wire.Routing,
+                       slots: trio.MemorySendChannel[_Slot]) -> bool:
+        head = routing.head
+        proxy = self.proxy
+        if not await self._connect_upstream():
+            if head.api_key == wire.FIND_COORDINATOR:
+                slot = _Slot(routing)
+                slot.finish(wire.find_coordinator_answer(
+                    head.api_version, head.correlation_id, routing.coordinator_keys,
+                    proxy.coordinator, ErrorCode.COORDINATOR_NOT_AVAILABLE,
+                    "the upstream Kafka cluster is unreachable"))
+                await slots.send(slot)
+                return True
+            await self._close_after(slots, "the upstream Kafka cluster is unreachable")
+            return False
+        assert self.upstream is not None
+        # The slot is queued before the request leaves (at the next flush), so the writer
+        # expects its response before it can arrive.
+        if routing.expects_response:
+            await slots.send(_Slot(routing, upstream=True))
+        self._outgoing.append(INT32.pack(len(frame)))
+        self._outgoing.append(frame)
+        self._outgoing_bytes += len(frame) + 4
+        proxy.metrics.forwarded(head.api_key, len(frame) + 4)
+        return True
+
+    async def _connect_upstream(self) -> bool:
+        if self.upstream is not None:
+            return True
+        proxy = self.proxy
+        if self.node is None:
+            addresses = list(proxy.upstreams)
+        else:
+            if self.node not in proxy.node_addresses:
+                await proxy.learn_nodes()
+            known = proxy.node_addresses.get(self.node)
+            addresses = [known] if known is not None else []
+        errors: list[str] = []
+        for host, port in addresses:
+            try:
+                with trio.fail_after(proxy.connect_timeout_s):
+                    self.upstream = await trio.open_tcp_stream(host, port)
+            except (OSError, trio.TooSlowError) as error:
+                errors.append(f"{host}:{port}: {error or 'timed out'}")
+                continue
+            self.responses = _ByteReader(self.upstream)
+            return True
+        proxy.metrics.upstream_failure("connect")
+        log.warning("proxy_upstream_unreachable", node_id=self.node, peer=self.peer,
+                    errors=errors or ["no known address for this node"])
+        return False
+
+    # -- proxy -> client -----------------------------------------------------------------
+
+    async def _write_responses(self, slots: trio.MemoryReceiveChannel[_Slot]) -> None:
+        async with slots:
+            async for slot in slots:
+                try:
+                    if slot.upstream:
+                        await self._relay_response(slot)
+                        continue
+                    await slot.done.wait()
+                    if slot.answer is None:
+                        log.info("proxy_connection_closed", reason=slot.reason, peer=self.peer)
+                        return
+                    await self.client.send_all(slot.answer)
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    return
+                except UpstreamClosed as error:
+                    self.proxy.metrics.upstream_failure("closed")
+                    log.warning("proxy_upstream_closed", error=str(error), peer=self.peer)
+                    return
+                except (MalformedResponse, FrameError) as error:
+                    log.error("proxy_bad_upstream_response", error=str(error), peer=self.peer)
+                    return
+
+    async def _relay_response(self, slot: _Slot) -> None:
+        assert self.responses is not None and slot.routing is not None
+        head = slot.routing.head
+        start = await self.responses.read_exactly(8)  # size, correlation id
+        size, correlation = INT32.unpack_from(start, 0)[0], INT32.unpack_from(start, 4)[0]
+        if correlation != head.correlation_id:
+            raise MalformedResponse(f"upstream answered correlation id {correlation} where "
+                                    f"{head.correlation_id} was next")
+        if size < 4 or size > self.proxy.max_frame_bytes:
+            raise MalformedResponse(f"upstream response of {size} bytes")
+        if slot.routing.rewrite:
+            frame = start[4:] + await self.responses.read_exactly(size - 4)
+            answer = await self._rewritten(frame, slot.routing)
+            await self.client.send_all(answer)
+            self.proxy.metrics.relayed(head.api_key, len(answer))
+            return
+        await self.responses.relay(size - 4, self.client, prefix=start)
+        self.proxy.metrics.relayed(head.api_key, size + 4)
+
+    async def _rewritten(self, frame: bytes, routing: wire.Routing) -> bytes:
+        proxy = self.proxy
+        head = routing.head
+        key, version = head.api_key, head.api_version
+        correlation, body = wire.decode_response(frame, key, version)
+        if key == wire.API_VERSIONS:
+            body = wire.intersect_api_versions(body, SUPPORTED_APIS, proxy.local_group_apis)
+            version = int(type(body).__version__)
+        else:
+            for endpoint in wire.endpoints(key, version, body):
+                await proxy.learn_node(endpoint)
+            body = wire.rewrite(key, version, body, proxy.local_address, proxy.coordinator,
+                                routing.owned_keys)
+        return wire.encode_response(key, version, correlation, body)
+
+
+__all__ = ["ProxyServer", "UpstreamClosed"]

@@ -1,0 +1,497 @@
+"""Real Apache Kafka processes from the published jars: a KRaft broker, Connect distributed
+workers, the perf tools, and the coordinator in proxy mode in front of them.
+
+Used by the interop tests' fixtures, `make demo-connect` and `bench proxy`; it needs a
+checkout of this repository (the jars' pom is tests/interop/pom.xml), java and mvn. Each
+process writes its log (log4j2, one file per process) and its stdout (the Verifiable
+connectors print one JSON line per record there) into a folder of its own, and is stopped
+by its PID: SIGTERM, then SIGKILL after a grace period. Nothing here is a mock: real JVMs
+on loopback ports.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+INTEROP_DIR = REPO_ROOT / "tests" / "interop"
+POM = INTEROP_DIR / "pom.xml"
+
+# Small heaps: the machine has 2 cores shared by everything; the test load is tiny.
+BROKER_HEAP = "-Xmx384m"
+WORKER_HEAP = "-Xmx256m"
+TOOL_HEAP = "-Xmx256m"
+JVM_FLAGS = ("-Xms32m", "-XX:+UseSerialGC", "-XX:+ExitOnOutOfMemoryError",
+             "-Djava.awt.headless=true")
+
+LOG4J2_TEMPLATE = """\
+status = warn
+appender.file.type = File
+appender.file.name = file
+appender.file.fileName = {log_file}
+appender.file.layout.type = PatternLayout
+appender.file.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = {level}
+rootLogger.appenderRef.file.ref = file
+logger.zk.name = org.apache.kafka.raft
+logger.zk.level = warn
+logger.jetty.name = org.eclipse.jetty
+logger.jetty.level = warn
+logger.reflections.name = org.reflections
+logger.reflections.level = error
+"""
+
+
+class InteropUnavailable(Exception):
+    """Java, Maven or the jars are missing: the caller skips (or fails under CI)."""
+
+
+def kafka_version() -> str:
+    if not POM.exists():
+        raise InteropUnavailable(f"{POM} is missing: run this from a checkout of the "
+                                 "repository")
+    match = re.search(r"<kafka.version>([^<]+)</kafka.version>", POM.read_text())
+    if match is None:
+        raise InteropUnavailable(f"no <kafka.version> in {POM}")
+    return match.group(1)
+
+
+def jars_dir() -> Path:
+    return INTEROP_DIR / ".jars" / kafka_version()
+
+
+def ensure_jars() -> Path:
+    """The folder of Kafka's jars, fetched with Maven first if `make interop-jars` has not
+    run (the same command, the same stamp file)."""
+    folder = jars_dir()
+    stamp = folder / ".complete"
+    if stamp.exists():
+        return folder
+    for program in ("java", "mvn"):
+        if shutil.which(program) is None:
+            raise InteropUnavailable(
+                f"{program} is not installed (Debian: openjdk-17-jre-headless, maven); the "
+                "interop tests need Apache Kafka's jars and a JVM")
+    shutil.rmtree(folder, ignore_errors=True)
+    completed = subprocess.run(
+        ["mvn", "-q", "-B", "-Dstyle.color=never", "-f", str(POM),
+         "dependency:copy-dependencies", "-DincludeScope=runtime",
+         f"-DoutputDirectory=.jars/{folder.name}"],
+        capture_output=True, text=True, timeout=900, check=False)
+    if completed.returncode != 0:
+        raise InteropUnavailable(f"mvn could not fetch the Kafka jars:\n{completed.stdout}"
+                                 f"{completed.stderr}")
+    stamp.touch()
+    return folder
+
+
+def require_java() -> None:
+    if shutil.which("java") is None:
+        raise InteropUnavailable("java is not installed (Debian: openjdk-17-jre-headless)")
+
+
+def classpath() -> str:
+    return str(ensure_jars() / "*")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as probe:
+        probe.bind((host, 0))
+        return int(probe.getsockname()[1])
+
+
+def free_port_block(count: int, host: str = "127.0.0.1") -> int:
+    """A port P such that P .. P+count-1 were all free a moment ago (the proxy maps
+    upstream node N to its listen port + 1 + N)."""
+    for _ in range(200):
+        base = free_port(host)
+        if base + count > 65535:
+            continue
+        sockets: list[socket.socket] = []
+        try:
+            for port in range(base, base + count):
+                probe = socket.socket()
+                sockets.append(probe)
+                probe.bind((host, port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for probe in sockets:
+                probe.close()
+    raise RuntimeError(f"no block of {count} free ports found")
+
+
+def wait_for(predicate: Any, timeout_s: float, what: str, interval_s: float = 0.2,
+             process: ManagedProcess | None = None) -> Any:
+    """Poll until `predicate()` is truthy; fail with `what` (and the process's log tail)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if process is not None and process.exited():
+            raise RuntimeError(f"{process.name} exited ({process.popen.returncode}) while "
+                               f"waiting for {what}\n{process.tail()}")
+        if time.monotonic() > deadline:
+            tail = f"\n{process.tail()}" if process is not None else ""
+            raise TimeoutError(f"timed out after {timeout_s:.0f} s waiting for {what}{tail}")
+        time.sleep(interval_s)
+
+
+@dataclass
+class ManagedProcess:
+    """A child process with its output in files; `stop()` signals its PID only."""
+
+    name: str
+    popen: subprocess.Popen[bytes]
+    folder: Path
+    stdout_path: Path
+    log_path: Path
+
+    def exited(self) -> bool:
+        return self.popen.poll() is not None
+
+    def stop(self, grace_s: float = 20.0) -> int | None:
+        """SIGTERM, then SIGKILL after `grace_s`; returns the exit code."""
+        if self.popen.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.popen.pid, signal.SIGTERM)
+            try:
+                self.popen.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        return self.popen.returncode
+
+    def kill(self) -> None:
+        if self.popen.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.popen.pid, signal.SIGKILL)
+            self.popen.wait(timeout=30)
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def stdout_text(self) -> str:
+        return (self.stdout_path.read_text(errors="replace")
+                if self.stdout_path.exists() else "")
+
+    def tail(self, lines: int = 40) -> str:
+        text = self.log_text() + self.stdout_text()
+        return "\n".join(text.splitlines()[-lines:])
+
+
+def start_process(name: str, command: Sequence[str], folder: Path,
+                  log_path: Path | None = None, env: dict[str, str] | None = None
+                  ) -> ManagedProcess:
+    folder.mkdir(parents=True, exist_ok=True)
+    stdout_path = folder / "stdout.txt"
+    with open(stdout_path, "ab") as stdout:
+        # A session of its own: a Ctrl-C in the terminal reaches only the parent, which
+        # stops its children in order (workers before the broker they need to leave).
+        popen = subprocess.Popen(list(command), stdout=stdout, stderr=subprocess.STDOUT,
+                                 stdin=subprocess.DEVNULL, cwd=folder, env=env,
+                                 start_new_session=True)
+    return ManagedProcess(name, popen, folder, stdout_path, log_path or stdout_path)
+
+
+def java_command(main_class: str, heap: str, folder: Path, *args: str,
+                 log_level: str = "INFO") -> tuple[list[str], Path]:
+    """`java ... MAIN ARGS` with a log4j2 config that writes `<folder>/server.log`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    log_path = folder / "server.log"
+    log_config = folder / "log4j2.properties"
+    log_config.write_text(LOG4J2_TEMPLATE.format(log_file=log_path, level=log_level))
+    command = ["java", heap, *JVM_FLAGS, f"-Dlog4j2.configurationFile={log_config}",
+               "-cp", classpath(), main_class, *args]
+    return command, log_path
+
+
+def write_properties(path: Path, values: dict[str, object]) -> Path:
+    path.write_text("".join(f"{key}={value}\n" for key, value in values.items()))
+    return path
+
+
+# -- the broker ---------------------------------------------------------------------------
+
+
+@dataclass
+class Broker:
+    process: ManagedProcess
+    host: str
+    port: int
+    node_id: int
+
+    @property
+    def bootstrap(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def stop(self) -> None:
+        self.process.stop()
+
+
+def start_broker(folder: Path, node_id: int = 1, host: str = "127.0.0.1",
+                 timeout_s: float = 90.0) -> Broker:
+    """A single-node KRaft broker+controller, formatted fresh in `folder`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    port, controller_port = free_port(host), free_port(host)
+    properties = write_properties(folder / "server.properties", {
+        "process.roles": "broker,controller",
+        "node.id": node_id,
+        "controller.quorum.voters": f"{node_id}@{host}:{controller_port}",
+        "listeners": f"PLAINTEXT://{host}:{port},CONTROLLER://{host}:{controller_port}",
+        "advertised.listeners": f"PLAINTEXT://{host}:{port}",
+        "controller.listener.names": "CONTROLLER",
+        "inter.broker.listener.name": "PLAINTEXT",
+        "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+        "log.dirs": folder / "data",
+        "num.partitions": 1,
+        "offsets.topic.replication.factor": 1,
+        "offsets.topic.num.partitions": 4,
+        "transaction.state.log.replication.factor": 1,
+        "transaction.state.log.min.isr": 1,
+        "transaction.state.log.num.partitions": 2,
+        "share.coordinator.state.topic.replication.factor": 1,
+        "share.coordinator.state.topic.min.isr": 1,
+        "group.initial.rebalance.delay.ms": 0,
+        "auto.create.topics.enable": "true",
+    })
+    cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+    format_command, _ = java_command("kafka.tools.StorageTool", TOOL_HEAP, folder / "format",
+                                     "format", "-t", cluster_id, "-c", str(properties))
+    formatted = subprocess.run(format_command, capture_output=True, text=True, timeout=120,
+                               check=False)
+    if formatted.returncode != 0:
+        raise RuntimeError(f"kafka-storage format failed:\n{formatted.stdout}{formatted.stderr}")
+    command, log_path = java_command("kafka.Kafka", BROKER_HEAP, folder, str(properties))
+    process = start_process("broker", command, folder, log_path)
+    try:
+        wait_for(lambda: "Kafka Server started" in process.log_text(), timeout_s,
+                 "the broker to start", process=process)
+    except BaseException:
+        process.stop()
+        raise
+    return Broker(process, host, port, node_id)
+
+
+# -- the coordinator in proxy mode ---------------------------------------------------------
+
+
+@dataclass
+class Coordinator:
+    process: ManagedProcess
+    host: str
+    port: int
+    admin_port: int
+
+    @property
+    def bootstrap(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @property
+    def admin_url(self) -> str:
+        return f"http://{self.host}:{self.admin_port}"
+
+    def stop(self) -> None:
+        self.process.stop()
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(f"{self.admin_url}/metrics", timeout=10) as response:
+            return str(response.read().decode())
+
+
+def start_coordinator(folder: Path, upstream: str, groups: str, *, host: str = "127.0.0.1",
+                      extra: Sequence[str] = (), timeout_s: float = 30.0,
+                      port: int | None = None) -> Coordinator:
+    """`connect-coordinator serve --upstream ...` (in memory) on a block of free ports:
+    its listen port, then one per upstream node id (node N at listen port + 1 + N)."""
+    port = port if port is not None else free_port_block(8, host)
+    admin_port = free_port(host)
+    command = [sys.executable, "-m", "coordinator.cli", "serve",
+               "--listen", f"{host}:{port}", "--admin-listen", f"{host}:{admin_port}",
+               "--in-memory", "--upstream", upstream, "--set", f"proxy.groups={groups}",
+               "--log-format", "json", *extra]
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
+    process = start_process("coordinator", command, folder, env=env)
+
+    def ready() -> bool:
+        try:
+            with urllib.request.urlopen(f"http://{host}:{admin_port}/readyz", timeout=2):
+                return True
+        except (OSError, urllib.error.URLError):
+            return False
+
+    try:
+        wait_for(ready, timeout_s, "the coordinator to be ready", process=process)
+    except BaseException:
+        process.stop()
+        raise
+    return Coordinator(process, host, port, admin_port)
+
+
+# -- Connect workers -----------------------------------------------------------------------
+
+
+@dataclass
+class Worker:
+    process: ManagedProcess
+    host: str
+    rest_port: int
+    properties: dict[str, object] = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.rest_port}"
+
+    def stop(self) -> None:
+        self.process.stop(grace_s=30)
+
+    def rest(self, method: str, path: str, body: Any = None, timeout_s: float = 30.0) -> Any:
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(f"{self.url}{path}", data=data, method=method,
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            text = response.read().decode()
+        return json.loads(text) if text else None
+
+
+def worker_properties(bootstrap: str, group: str, rest_port: int, host: str = "127.0.0.1",
+                      topic_prefix: str | None = None) -> dict[str, object]:
+    prefix = topic_prefix or group
+    return {
+        "bootstrap.servers": bootstrap,
+        "group.id": group,
+        "key.converter": "org.apache.kafka.connect.json.JsonConverter",
+        "value.converter": "org.apache.kafka.connect.json.JsonConverter",
+        "config.storage.topic": f"{prefix}-configs",
+        "config.storage.replication.factor": 1,
+        "offset.storage.topic": f"{prefix}-offsets",
+        "offset.storage.replication.factor": 1,
+        "offset.storage.partitions": 2,
+        "status.storage.topic": f"{prefix}-status",
+        "status.storage.replication.factor": 1,
+        "status.storage.partitions": 2,
+        "listeners": f"http://{host}:{rest_port}",
+        "rest.advertised.host.name": host,
+        "rest.advertised.port": rest_port,
+        "offset.flush.interval.ms": 2000,
+        "scheduled.rebalance.max.delay.ms": 5000,
+        "plugin.discovery": "service_load",
+    }
+
+
+def start_worker(folder: Path, bootstrap: str, group: str, *, host: str = "127.0.0.1",
+                 overrides: dict[str, object] | None = None, wait: bool = True) -> Worker:
+    """A Connect distributed worker; returns once its REST API answers (it may still be
+    joining its group), or at once without `wait` (then call `wait_answering`)."""
+    rest_port = free_port(host)
+    properties = worker_properties(bootstrap, group, rest_port, host)
+    properties.update(overrides or {})
+    folder.mkdir(parents=True, exist_ok=True)
+    path = write_properties(folder / "worker.properties", properties)
+    command, log_path = java_command("org.apache.kafka.connect.cli.ConnectDistributed",
+                                     WORKER_HEAP, folder, str(path))
+    process = start_process(f"worker:{rest_port}", command, folder, log_path)
+    worker = Worker(process, host, rest_port, properties)
+    if wait:
+        try:
+            wait_answering(worker)
+        except BaseException:
+            process.stop()
+            raise
+    return worker
+
+
+def wait_answering(worker: Worker, timeout_s: float = 120.0) -> None:
+    def answers() -> bool:
+        try:
+            worker.rest("GET", "/", timeout_s=2)
+            return True
+        except (OSError, urllib.error.URLError, ValueError):
+            return False
+
+    wait_for(answers, timeout_s, f"worker {worker.url} to answer REST",
+             process=worker.process)
+
+
+def start_workers(root: Path, count: int, bootstrap: str, group: str,
+                  started: list[Any], **options: Any) -> list[Worker]:
+    """`count` workers started side by side (appended to `started` at once, so a
+    failure still stops them), each in `root/worker-N`."""
+    workers = []
+    for index in range(count):
+        worker = start_worker(root / f"worker-{index + 1}", bootstrap, group, wait=False,
+                              **options)
+        started.append(worker)
+        workers.append(worker)
+    for worker in workers:
+        wait_answering(worker)
+    return workers
+
+
+VERIFIABLE_SOURCE = "org.apache.kafka.connect.tools.VerifiableSourceConnector"
+VERIFIABLE_SINK = "org.apache.kafka.connect.tools.VerifiableSinkConnector"
+
+
+def connector_states(worker: Worker, name: str) -> dict[str, Any] | None:
+    """`GET /connectors/NAME/status`, or None while Connect cannot answer it."""
+    try:
+        status: dict[str, Any] = worker.rest("GET", f"/connectors/{name}/status", timeout_s=10)
+    except (OSError, urllib.error.URLError, ValueError):
+        return None
+    return status
+
+
+def all_running(worker: Worker, name: str, tasks: int) -> dict[str, Any] | None:
+    """The status when the connector and exactly `tasks` tasks are RUNNING, else None."""
+    status = connector_states(worker, name)
+    if status is None or status["connector"]["state"] != "RUNNING":
+        return None
+    states = [task["state"] for task in status["tasks"]]
+    return status if states == ["RUNNING"] * tasks else None
+
+
+def verifiable_lines(worker: Worker) -> list[dict[str, Any]]:
+    """The JSON lines the Verifiable connectors' tasks printed on this worker's stdout."""
+    lines = []
+    for line in worker.process.stdout_text().splitlines():
+        if line.startswith("{") and '"seqno"' in line:
+            with contextlib.suppress(ValueError):
+                lines.append(json.loads(line))
+    return lines
+
+
+@contextlib.contextmanager
+def stopping(processes: list[Any]) -> Iterator[list[Any]]:
+    """Stops every process appended to the list, last started first, whatever happens."""
+    try:
+        yield processes
+    finally:
+        for process in reversed(processes):
+            with contextlib.suppress(Exception):
+                process.stop()
+
+
+def run_tool(main_class: str, folder: Path, *args: str, timeout_s: float = 180.0
+             ) -> subprocess.CompletedProcess[str]:
+    """Run one of kafka-tools' programs to completion (its output in the result)."""
+    command, _ = java_command(main_class, TOOL_HEAP, folder, *args, log_level="WARN")
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout_s,
+                          check=False)
