@@ -22,7 +22,7 @@ from coordinator.core.classic.engine import (
 )
 from coordinator.core.classic.state import ClassicGroup
 from coordinator.core.coordinator import GroupCoordinator
-from coordinator.core.result import Record, Result, TimerKey, TimerSet
+from coordinator.core.result import Record, Result, TimerClearGroup, TimerKey, TimerSet
 from protocol.records import decode_record, encode_key, encode_value
 
 PROTOCOLS = (("sessioned", b"meta-2"), ("compatible", b"meta-1"), ("default", b"meta-0"))
@@ -102,6 +102,8 @@ class ClassicContext:
         self.parked.clear()
         self.released.clear()
         for operation in self.core.timers_after_load(self.now):
+            if isinstance(operation, TimerClearGroup):  # (nothing armed yet)
+                continue
             assert isinstance(operation, TimerSet)
             self.timers[operation.key] = operation.deadline_ms
 
