@@ -7,6 +7,7 @@ the records are made durable before the answer. Bad input gets a 4xx with a JSON
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any, Protocol
 
 import msgspec
@@ -15,8 +16,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from coordinator.core.classic.view import member_views
 from coordinator.server.runtime import NotDurable, Runtime
-from coordinator.units import CONNECTOR, format_unit
+from coordinator.units import CONNECTOR, Unit, format_unit, split_units
 from protocol.errors import ApiError, ErrorCode
 
 STATUS_BY_CODE = {
@@ -87,6 +89,43 @@ def group_view(runtime: Runtime, group_id: str) -> dict[str, Any]:
     }
 
 
+def _held_json(units: Iterable[Unit]) -> dict[str, Any]:
+    connectors, tasks = split_units(units)
+    return {"connectors": connectors,
+            "tasks": [{"connector": name, "task": task} for name, task in tasks]}
+
+
+def classic_group_view(runtime: Runtime, group_id: str) -> dict[str, Any] | None:
+    """A classic group as JSON (None: no classic group of that id): its generation and
+    phase, and each member's worker url and what it holds, read from Connect's bytes."""
+    group = runtime.core.classic.store.groups.get(group_id)
+    if group is None:
+        return None
+    meta = group.meta
+    return {
+        "group_id": group_id,
+        "type": "classic",
+        "state": group.state.label,
+        "generation": meta.generation,
+        "protocol_type": meta.protocol_type,
+        "protocol": meta.protocol_name,
+        "leader": meta.leader,
+        "members": [
+            {
+                "member_id": view.member_id,
+                "instance_id": view.instance_id,
+                "client_id": view.client_id,
+                "worker_url": view.worker_url,
+                "protocol": "classic",
+                "joined_generation": view.joined_generation,
+                "synced_generation": view.synced_generation,
+                "holds": _held_json(view.holds),
+            }
+            for view in member_views(group)
+        ],
+    }
+
+
 class ProxyView(Protocol):
     def mapping(self) -> dict[str, Any]: ...
 
@@ -142,14 +181,24 @@ def build_admin_app(runtime: Runtime, proxy: ProxyView | None = None) -> Starlet
                 view = group_view(runtime, group_id)
                 groups.append({key: view[key] for key in (
                     "group_id", "state", "group_epoch", "assignment_epoch", "assignor")}
-                    | {"members": len(view["members"])})
+                    | {"type": "connect", "members": len(view["members"])})
+            for group_id in sorted(runtime.core.classic.store.groups):
+                classic = classic_group_view(runtime, group_id)
+                assert classic is not None
+                groups.append({key: classic[key] for key in (
+                    "group_id", "type", "state", "generation", "protocol")}
+                    | {"members": len(classic["members"])})
             return JSONResponse({"groups": groups})
         return await guarded(request, handle)
 
     async def get_group(request: Request) -> Response:
         async def handle(request: Request) -> Response:
             require_ready()
-            return JSONResponse(group_view(runtime, request.path_params["group"]))
+            group_id = request.path_params["group"]
+            classic = classic_group_view(runtime, group_id)
+            if classic is not None:
+                return JSONResponse(classic)
+            return JSONResponse(group_view(runtime, group_id))
         return await guarded(request, handle)
 
     async def delete_group(request: Request) -> Response:
