@@ -198,6 +198,21 @@ class ManagedProcess:
         return "\n".join(text.splitlines()[-lines:])
 
 
+def stop_together(processes: Sequence[ManagedProcess], grace_s: float = 30.0) -> None:
+    """SIGTERM to all at once, then SIGKILL to those still running after `grace_s`:
+    workers that shut down side by side take one grace period, not one each."""
+    for process in processes:
+        if process.popen.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(process.popen.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for process in processes:
+        try:
+            process.popen.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
 def start_process(name: str, command: Sequence[str], folder: Path,
                   log_path: Path | None = None, env: dict[str, str] | None = None
                   ) -> ManagedProcess:

@@ -34,6 +34,7 @@ from coordinator.realkafka import (
     restart_worker,
     start_coordinator,
     start_workers,
+    stop_together,
     verifiable_lines,
     wait_for,
 )
@@ -72,6 +73,8 @@ def cluster(kafka_broker: Broker, tmp_path_factory: pytest.TempPathFactory
         workers = start_workers(root, 3, coordinator.bootstrap, GROUP, started)
         yield Cluster(coordinator, kafka_broker.bootstrap, workers, root, data_dir, started)
     finally:
+        # The workers first, together, while the coordinator still answers their leaves.
+        stop_together([process.process for process in started if isinstance(process, Worker)])
         for process in reversed(started):
             try:
                 process.stop()
