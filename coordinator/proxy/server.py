@@ -23,7 +23,7 @@ import structlog
 import trio
 
 from coordinator.proxy import wire
-from coordinator.server.classic import Address
+from coordinator.server.classic import Address, listed_groups
 from protocol._codec import INT32
 from protocol.errors import ErrorCode
 from protocol.framing import (
@@ -503,6 +503,10 @@ class _Connection:
         if key == wire.API_VERSIONS:
             body = wire.intersect_api_versions(body, SUPPORTED_APIS, proxy.local_group_apis)
             version = int(type(body).__version__)
+        elif key == wire.LIST_GROUPS:
+            local = [wire.LocalGroup(*listed)
+                     for listed in listed_groups(proxy.local.runtime.core)]
+            body = wire.merge_listed_groups(body, routing.request, local, proxy.owned)
         else:
             for endpoint in wire.endpoints(key, version, body):
                 await proxy.learn_node(endpoint)

@@ -240,16 +240,22 @@ def _connect_group_view(core: Any, group_id: str) -> tuple[str, str, tuple[Any, 
             tuple(group.members.values()))
 
 
-def list_groups_response(version: int, body: Any, core: Any) -> Any:
-    states = {state.lower() for state in getattr(body, "states_filter", ())}
-    types = {kind.lower() for kind in getattr(body, "types_filter", ())}
+def listed_groups(core: Any) -> list[tuple[str, str, str, str]]:
+    """Every group: (group id, protocol type, state, group type), in group id order."""
     listed = []
     for group_id, group in core.classic.store.groups.items():
-        listed.append((group_id, group.state.label, "classic"))
+        listed.append((group_id, group.meta.protocol_type, group.state.label, "classic"))
     for group_id in core.store.groups:
         view = _connect_group_view(core, group_id)
         if view is not None:
-            listed.append((group_id, view[0], "connect"))
+            listed.append((group_id, PROTOCOL_TYPE, view[0], "connect"))
+    return sorted(listed)
+
+
+def list_groups_response(version: int, body: Any, core: Any) -> Any:
+    states = {state.lower() for state in getattr(body, "states_filter", ())}
+    types = {kind.lower() for kind in getattr(body, "types_filter", ())}
+    listed = [(group_id, state, kind) for group_id, _, state, kind in listed_groups(core)]
     groups = tuple(
         wire.nested(wire.LIST_GROUPS, version, "response", "ListedGroup", group_id=group_id,
                     protocol_type=PROTOCOL_TYPE, group_state=state, group_type=kind)
