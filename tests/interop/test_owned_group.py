@@ -32,6 +32,7 @@ from coordinator.realkafka import (
     Worker,
     all_running,
     restart_worker,
+    run_tool,
     start_coordinator,
     start_workers,
     stop_together,
@@ -292,6 +293,15 @@ def test_three_real_workers_form_one_group_owned_by_the_coordinator(
     for worker in workers:
         log = worker.process.log_text()
         assert f"Discovered group coordinator {coordinator} " in log, worker.process.tail()
+    # Kafka's own tool lists the group through the proxy: the owned group as the
+    # coordinator has it (classic), the sink's consumer group as the broker has it.
+    listed = run_tool("org.apache.kafka.tools.GroupsCommand", cluster.root / "groups",
+                      "--bootstrap-server", cluster.coordinator.bootstrap, "--list")
+    assert listed.returncode == 0, listed.stdout + listed.stderr
+    rows = {line.split()[0]: line.lower().split()[1:] for line in listed.stdout.splitlines()
+            if line.strip()}
+    assert "classic" in rows[GROUP] and "connect" in rows[GROUP], listed.stdout
+    assert "connect-sink" in rows, listed.stdout
     time.sleep(3)  # a few records of every task
     _assert_no_gaps(cluster, duplicates_allowed=False)
     _assert_no_task_on_two_workers(cluster)
@@ -310,6 +320,8 @@ def test_bounced_workers_clean_and_killed(cluster: Cluster) -> None:
 
 def test_coordinator_sigkilled_and_restarted_on_its_data_dir(cluster: Cluster) -> None:
     before = cluster.coordinator.admin(f"/groups/{GROUP}")
+    produced_before = {task: max(numbers)
+                       for task, numbers in _seqnos(cluster.workers, "source").items()}
     old = cluster.coordinator
     old.process.kill()
     time.sleep(2)
@@ -322,7 +334,17 @@ def test_coordinator_sigkilled_and_restarted_on_its_data_dir(cluster: Cluster) -
     assert {m["member_id"] for m in replayed["members"]} == \
         {m["member_id"] for m in before["members"]}
     _wait_all_running_and_agreed(cluster)
-    time.sleep(3)
+    # The workers carry on with the new process: they heartbeat to it, and every source
+    # task produces beyond where it was at the kill.
+    wait_for(lambda: _metric(again.metrics(),
+                             "connect_coordinator_proxy_owned_group_requests_total",
+                             api="Heartbeat") >= 3, 30, "heartbeats to the new coordinator")
+
+    def produced_more() -> bool:
+        now = _seqnos(cluster.workers, "source")
+        return all(max(now[task]) > seqno for task, seqno in produced_before.items())
+
+    wait_for(produced_more, 60, "every source task to produce more", interval_s=1.0)
     _assert_no_gaps(cluster, duplicates_allowed=True)
     _assert_no_task_on_two_workers(cluster)
 
