@@ -311,6 +311,7 @@ def test_bounced_workers_clean_and_killed(cluster: Cluster) -> None:
     for index in range(len(cluster.workers)):  # clean restarts, in rotation
         _bounce(cluster, index, kill=False)
         _wait_all_running_and_agreed(cluster)
+    _assert_no_gaps(cluster, duplicates_allowed=False)  # clean bounces replay nothing
     _bounce(cluster, 0, kill=True)
     _wait_all_running_and_agreed(cluster)
     time.sleep(3)
