@@ -8,8 +8,16 @@ from dataclasses import asdict
 
 import pytest
 
-from coordinator.core.classic.engine import JoinAnswer, JoinRequest, Parked, SyncAnswer
+from coordinator.core.classic.engine import (
+    CLASSIC_SESSION_TIMER,
+    JoinAnswer,
+    JoinRequest,
+    LeaveRequest,
+    Parked,
+    SyncAnswer,
+)
 from coordinator.core.classic.state import ClassicState
+from coordinator.core.result import TimerClearGroup, TimerSet
 from protocol.errors import ErrorCode
 from tests.core.classic_context import JOIN, SYNC, ClassicContext
 
@@ -335,3 +343,20 @@ def test_every_join_version_reaches_a_stable_group(version: int) -> None:
     assert isinstance(first, JoinAnswer) and first.error == E.NONE
     answer = ctx.sync(first.member_id, first.generation, assignments={first.member_id: b"a"})
     assert isinstance(answer, SyncAnswer) and answer.assignment == b"a"
+
+
+def test_a_rolled_back_leave_leaves_a_member_that_still_times_out() -> None:
+    """After a failed write the shell undoes the change and re-derives the touched groups'
+    timers (`reschedule`): a classic group's come back with its state."""
+    ctx = ClassicContext()
+    leader, follower, generation = stable_pair(ctx)
+    result = ctx.engine.leave(LeaveRequest("g", ((follower, None),)), ctx.now)
+    assert follower not in ctx.group().members
+    ctx.core.rollback(result)
+    assert follower in ctx.group().members and ctx.group().generation == generation
+    operations = ctx.core.reschedule(sorted(result.touched_groups()), ctx.now)
+    assert operations[0] == TimerClearGroup("g")
+    sessions = {op.key for op in operations
+                if isinstance(op, TimerSet) and op.key[0] == CLASSIC_SESSION_TIMER}
+    assert sessions == {(CLASSIC_SESSION_TIMER, "g", leader),
+                        (CLASSIC_SESSION_TIMER, "g", follower)}
