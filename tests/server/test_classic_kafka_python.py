@@ -12,8 +12,10 @@ the group converges to a balanced assignment of every unit, through joins and a 
 
 from __future__ import annotations
 
+import json
 import threading
 import time
+import urllib.request
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -189,6 +191,20 @@ async def _wait_converged(members: list[ConnectMember], timeout_s: float) -> Non
         assert converged(members)
 
 
+async def _admin_holds(server: ServerHandle) -> dict[str, frozenset[Unit]]:
+    def get() -> Any:
+        url = f"http://127.0.0.1:{server.admin_port}/groups/{GROUP}"
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return json.loads(response.read())
+
+    view = await trio.to_thread.run_sync(get)
+    assert view["type"] == "classic" and view["state"] == "Stable"
+    return {member["worker_url"]: frozenset(
+        {(name, -1) for name in member["holds"]["connectors"]}
+        | {(task["connector"], task["task"]) for task in member["holds"]["tasks"]})
+        for member in view["members"]}
+
+
 async def test_kafka_python_members_converge_without_double_holding(
         server: ServerHandle) -> None:
     holdings = Holdings()
@@ -211,6 +227,9 @@ async def test_kafka_python_members_converge_without_double_holding(
         await start("w3", nursery)  # a third worker: units move to it by revocation
         await _wait_converged(members, 40)
         assert members[0].generation_seen > generation
+        # The admin API reads who holds what from the same bytes: it agrees with them.
+        assert await _admin_holds(server) == {f"http://{m.name}:8083": m.held
+                                              for m in members}
         leaving = members[1]
         stops[leaving.name].set()
         await trio.sleep(0.3)
