@@ -12,7 +12,7 @@ import re
 import tomllib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 from msgspec import Meta
@@ -59,6 +59,11 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     log_compaction_interval_ms: Annotated[int, Meta(ge=1_000, le=24 * MS_HOUR)] = 600_000
     log_tombstone_retention_ms: Annotated[int, Meta(ge=0, le=30 * 24 * MS_HOUR)] = 24 * MS_HOUR
     metrics_per_group_max: Annotated[int, Meta(ge=0, le=100_000)] = 100
+    # Classic groups (Kafka's own keys and defaults).
+    initial_rebalance_delay_ms: Annotated[int, Meta(ge=0, le=MS_HOUR)] = 3_000
+    classic_min_session_timeout_ms: Annotated[int, Meta(ge=1, le=MS_HOUR)] = 6_000
+    classic_max_session_timeout_ms: Annotated[int, Meta(ge=1, le=24 * MS_HOUR)] = 1_800_000
+    classic_group_type: Literal["classic", "connect"] = "classic"
     # Proxy mode (coordinator/proxy): in front of a real Kafka cluster.
     proxy_upstream: tuple[str, ...] = ()
     proxy_groups: str | None = None
@@ -74,7 +79,11 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
                 f"group.connect.session.timeout.ms ({self.heartbeat_interval_ms} >= "
                 f"{self.session_timeout_ms})"
             )
-
+        if self.classic_min_session_timeout_ms > self.classic_max_session_timeout_ms:
+            raise ConfigError(
+                "group.min.session.timeout.ms must not exceed group.max.session.timeout.ms "
+                f"({self.classic_min_session_timeout_ms} > {self.classic_max_session_timeout_ms})"
+            )
 
     def _check_proxy(self) -> None:
         for address in self.proxy_upstream:
@@ -124,6 +133,10 @@ CONFIG_KEYS: dict[str, str] = {
     "log.compaction.interval.ms": "log_compaction_interval_ms",
     "log.tombstone.retention.ms": "log_tombstone_retention_ms",
     "metrics.per_group.max": "metrics_per_group_max",
+    "group.initial.rebalance.delay.ms": "initial_rebalance_delay_ms",
+    "group.min.session.timeout.ms": "classic_min_session_timeout_ms",
+    "group.max.session.timeout.ms": "classic_max_session_timeout_ms",
+    "group.connect.classic.group.type": "classic_group_type",
     "proxy.upstream": "proxy_upstream",
     "proxy.groups": "proxy_groups",
     "proxy.advertised.host": "proxy_advertised_host",

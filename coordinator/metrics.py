@@ -47,6 +47,14 @@ API_NAMES: dict[int, str] = {
     1001: "ConnectGroupPrepareAssignment",
     1002: "ConnectGroupInstallAssignment",
     1003: "ConnectGroupDescribe",
+    3: "Metadata",
+    10: "FindCoordinator",
+    11: "JoinGroup",
+    12: "Heartbeat",
+    13: "LeaveGroup",
+    14: "SyncGroup",
+    15: "DescribeGroups",
+    16: "ListGroups",
 }
 UNKNOWN_API = "unknown"
 

@@ -198,6 +198,21 @@ class ManagedProcess:
         return "\n".join(text.splitlines()[-lines:])
 
 
+def stop_together(processes: Sequence[ManagedProcess], grace_s: float = 30.0) -> None:
+    """SIGTERM to all at once, then SIGKILL to those still running after `grace_s`:
+    workers that shut down side by side take one grace period, not one each."""
+    for process in processes:
+        if process.popen.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(process.popen.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for process in processes:
+        try:
+            process.popen.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
 def start_process(name: str, command: Sequence[str], folder: Path,
                   log_path: Path | None = None, env: dict[str, str] | None = None
                   ) -> ManagedProcess:
@@ -275,7 +290,9 @@ def start_broker(folder: Path, node_id: int = 1, host: str = "127.0.0.1",
     })
     cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
     format_command, _ = java_command("kafka.tools.StorageTool", TOOL_HEAP, folder / "format",
-                                     "format", "-t", cluster_id, "-c", str(properties))
+                                     # (joined: an id may start with "-")
+                                     "format", f"--cluster-id={cluster_id}", "-c",
+                                     str(properties))
     formatted = subprocess.run(format_command, capture_output=True, text=True, timeout=120,
                                check=False)
     if formatted.returncode != 0:
@@ -316,17 +333,25 @@ class Coordinator:
         with urllib.request.urlopen(f"{self.admin_url}/metrics", timeout=10) as response:
             return str(response.read().decode())
 
+    def admin(self, path: str) -> Any:
+        """GET on the admin API, as JSON."""
+        with urllib.request.urlopen(f"{self.admin_url}{path}", timeout=10) as response:
+            return json.loads(response.read().decode())
+
 
 def start_coordinator(folder: Path, upstream: str, groups: str, *, host: str = "127.0.0.1",
                       extra: Sequence[str] = (), timeout_s: float = 30.0,
-                      port: int | None = None) -> Coordinator:
-    """`connect-coordinator serve --upstream ...` (in memory) on a block of free ports:
-    its listen port, then one per upstream node id (node N at listen port + 1 + N)."""
+                      port: int | None = None, admin_port: int | None = None,
+                      data_dir: Path | None = None) -> Coordinator:
+    """`connect-coordinator serve --upstream ...` on a block of free ports: its listen
+    port, then one per upstream node id (node N at listen port + 1 + N). In memory, or
+    on `data_dir` (a restart on the same ports and data dir carries on where it was)."""
     port = port if port is not None else free_port_block(8, host)
-    admin_port = free_port(host)
+    admin_port = admin_port if admin_port is not None else free_port(host)
+    storage = ["--data-dir", str(data_dir)] if data_dir is not None else ["--in-memory"]
     command = [sys.executable, "-m", "coordinator.cli", "serve",
                "--listen", f"{host}:{port}", "--admin-listen", f"{host}:{admin_port}",
-               "--in-memory", "--upstream", upstream, "--set", f"proxy.groups={groups}",
+               *storage, "--upstream", upstream, "--set", f"proxy.groups={groups}",
                "--log-format", "json", *extra]
     env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
     process = start_process("coordinator", command, folder, env=env)
@@ -417,6 +442,25 @@ def start_worker(folder: Path, bootstrap: str, group: str, *, host: str = "127.0
             process.stop()
             raise
     return worker
+
+
+def restart_worker(worker: Worker, *, wait: bool = True) -> Worker:
+    """The same worker (folder, properties, REST port) started again after it stopped;
+    its log and stdout files grow on."""
+    assert worker.process.exited(), "stop or kill the worker first"
+    folder = worker.process.folder
+    path = write_properties(folder / "worker.properties", worker.properties)
+    command, log_path = java_command("org.apache.kafka.connect.cli.ConnectDistributed",
+                                     WORKER_HEAP, folder, str(path))
+    process = start_process(worker.process.name, command, folder, log_path)
+    again = Worker(process, worker.host, worker.rest_port, worker.properties)
+    if wait:
+        try:
+            wait_answering(again)
+        except BaseException:
+            process.stop()
+            raise
+    return again
 
 
 def wait_answering(worker: Worker, timeout_s: float = 120.0) -> None:

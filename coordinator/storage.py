@@ -239,7 +239,9 @@ class LogReplayer:
         if self.sink is not None:
             self.sink.writer = self.writer
         log.info("log_loaded", records=self.records, groups=len(core.group_ids()),
-                 members=core.member_count(), next_offset=self.writer.next_offset)
+                 members=core.member_count(), classic_groups=len(core.classic.store.groups),
+                 classic_members=core.classic.store.member_count(),
+                 next_offset=self.writer.next_offset)
 
     def _undecodable(self, key_bytes: bytes, error: RecordDecodeError) -> LogCorruptError:
         found = find_newest(self.data_dir, key_bytes, self.file_layer)

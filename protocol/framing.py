@@ -39,6 +39,7 @@ from kio.schema.response_header.v0.header import ResponseHeader as ResponseHeade
 from kio.schema.response_header.v1.header import ResponseHeader as ResponseHeaderV1
 from kio.static.primitive import i16, i32, i32Timedelta
 
+from protocol import classic
 from protocol._codec import INT16, INT32, EntityDecodeError, read_entity, write_entity
 from protocol.errors import ErrorCode
 from protocol.guard import (
@@ -73,7 +74,7 @@ SUPPORTED_APIS: dict[int, tuple[int, int]] = {
     CONNECT_GROUP_PREPARE_ASSIGNMENT: (0, 0),
     CONNECT_GROUP_INSTALL_ASSIGNMENT: (0, 0),
     CONNECT_GROUP_DESCRIBE: (0, 0),
-}
+} | {api_key: (low, high) for api_key, (_, low, high) in classic.CLASSIC_APIS.items()}
 """API key -> (min version, max version) the coordinator serves."""
 
 ApiVersionsRequest: TypeAlias = (
@@ -130,7 +131,7 @@ REQUEST_CLASSES: dict[tuple[int, int], type[RequestBody]] = {
     (CONNECT_GROUP_PREPARE_ASSIGNMENT, 0): ConnectGroupPrepareAssignmentRequest,
     (CONNECT_GROUP_INSTALL_ASSIGNMENT, 0): ConnectGroupInstallAssignmentRequest,
     (CONNECT_GROUP_DESCRIBE, 0): ConnectGroupDescribeRequest,
-}
+} | classic.REQUEST_CLASSES
 """(API key, version) -> request class."""
 
 RESPONSE_CLASSES: dict[tuple[int, int], type[ResponseBody]] = {
@@ -141,7 +142,7 @@ RESPONSE_CLASSES: dict[tuple[int, int], type[ResponseBody]] = {
     (CONNECT_GROUP_PREPARE_ASSIGNMENT, 0): ConnectGroupPrepareAssignmentResponse,
     (CONNECT_GROUP_INSTALL_ASSIGNMENT, 0): ConnectGroupInstallAssignmentResponse,
     (CONNECT_GROUP_DESCRIBE, 0): ConnectGroupDescribeResponse,
-}
+} | classic.RESPONSE_CLASSES
 """(API key, version) -> response class."""
 
 NO_LIMITS: Limits = {}
@@ -553,6 +554,13 @@ def error_response(
     if api_key not in SUPPORTED_APIS:
         body = INT16.pack(ErrorCode.UNSUPPORTED_VERSION)
         return INT32.pack(len(header_bytes) + len(body)) + header_bytes + body
+    if api_key in classic.CLASSIC_APIS:
+        # Kafka's APIs have no error message field; an unsupported version is answered
+        # in the lowest one served (what a client that sent it can still read).
+        low, high = SUPPORTED_APIS[api_key]
+        served = api_version if low <= api_version <= high else low
+        return encode_response(api_key, served, correlation_id,
+                               classic.error_body(api_key, served, code, tuple(group_ids)))
     # Connect APIs exist in v0 only; an unsupported version is still answered with v0.
     response_type = RESPONSE_CLASSES[api_key, 0]
     error_fields: dict[str, Any] = {"error_code": int(code), "error_message": message}

@@ -348,9 +348,12 @@ def init_source(common_names: list[str], modules: list[tuple[str, str]]) -> str:
         '"""Every generated message and record class, and the common structs."""',
         "",
     ]
-    lines = _import_line("protocol.messages.common", sorted(common_names, key=str.lower))
-    for module, class_name in sorted(modules):
-        lines += _import_line(f"protocol.messages.{module}", [class_name])
+    # One import per module, in module order (as ruff's isort sorts them).
+    imports = [("common", sorted(common_names, key=str.lower))]
+    imports += [(module, [class_name]) for module, class_name in modules]
+    lines: list[str] = []
+    for module, names in sorted(imports):
+        lines += _import_line(f"protocol.messages.{module}", names)
     exported = sorted(common_names + [class_name for _, class_name in modules])
     lines += ["", "__all__ = [", *(f'    "{name}",' for name in exported), "]"]
     return "\n".join(header + lines) + "\n"

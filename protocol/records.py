@@ -3,7 +3,8 @@
 A record is a key and a value, both byte strings, in the layout Kafka's group coordinator
 uses for ``__consumer_offsets``:
 
-- key:   int16 record type id (the ``apiKey`` of the ``...Key``/``...Value`` pair),
+- key:   int16 record type id (the ``apiKey`` of the ``...Key``/``...Value`` pair, 3..9
+         and 20 for connect groups, 10..11 for classic groups),
          then the key struct, non-flexible (legacy strings);
 - value: int16 value version (always 0 here), then the value struct, flexible;
          ``None`` is a tombstone that deletes what the key names.
@@ -27,6 +28,10 @@ from protocol.fastpath import (
     name_and_int32_bytes,
 )
 from protocol.messages import (
+    ClassicGroupMemberKey,
+    ClassicGroupMemberValue,
+    ClassicGroupMetadataKey,
+    ClassicGroupMetadataValue,
     ConnectGroupConfigurationKey,
     ConnectGroupConfigurationValue,
     ConnectGroupConnectorsKey,
@@ -55,6 +60,8 @@ RecordKey: TypeAlias = (
     | ConnectGroupCurrentMemberAssignmentKey
     | ConnectGroupConfigurationKey
     | ConnectGroupDeadlinesKey
+    | ClassicGroupMetadataKey
+    | ClassicGroupMemberKey
 )
 RecordValue: TypeAlias = (
     ConnectGroupMetadataValue
@@ -65,6 +72,8 @@ RecordValue: TypeAlias = (
     | ConnectGroupCurrentMemberAssignmentValue
     | ConnectGroupConfigurationValue
     | ConnectGroupDeadlinesValue
+    | ClassicGroupMetadataValue
+    | ClassicGroupMemberValue
 )
 
 _Entity = TypeVar("_Entity", RecordKey, RecordValue)
@@ -78,6 +87,8 @@ _PAIRS: tuple[tuple[type[RecordKey], type[RecordValue]], ...] = (
     (ConnectGroupCurrentMemberAssignmentKey, ConnectGroupCurrentMemberAssignmentValue),
     (ConnectGroupConfigurationKey, ConnectGroupConfigurationValue),
     (ConnectGroupDeadlinesKey, ConnectGroupDeadlinesValue),
+    (ClassicGroupMetadataKey, ClassicGroupMetadataValue),
+    (ClassicGroupMemberKey, ClassicGroupMemberValue),
 )
 
 RECORD_TYPES: dict[int, tuple[type[RecordKey], type[RecordValue]]] = {

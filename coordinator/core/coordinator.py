@@ -24,6 +24,7 @@ from coordinator.assignors.api import (
 )
 from coordinator.config import ConfigError, GroupConfig, ServerConfig, parse_group_config
 from coordinator.core import describe as describing
+from coordinator.core.classic.engine import CLASSIC_TIMERS, ClassicEngine
 from coordinator.core.group import (
     AssignorInfo,
     Group,
@@ -178,6 +179,9 @@ class GroupCoordinator:
         self.assignors = dict(assignors)
         self.store = GroupStore()
         self._run_ids = 0
+        # Classic groups: an engine of their own, on the same store and log.
+        self.classic = ClassicEngine(config, self.store.classic,
+                                     other_type=lambda group_id: group_id in self.store.groups)
 
     # ------------------------------------------------------------------ records
     def replay(self, record: Record) -> None:
@@ -194,7 +198,7 @@ class GroupCoordinator:
 
     def timers_after_load(self, now_ms: int) -> list[TimerOp]:
         """After start-up replay: every group's timers, derived from its replayed state."""
-        return self.reschedule(list(self.store.groups), now_ms)
+        return self.reschedule([*self.store.groups, *self.store.classic.groups], now_ms)
 
     def reschedule(self, group_ids: Sequence[str], now_ms: int) -> list[TimerOp]:
         """The one rule for scheduling state, after a load and after a rollback alike.
@@ -230,6 +234,8 @@ class GroupCoordinator:
             if group.expire_at_ms is not None:
                 operations.append(TimerSet(_timer(EXPIRY_TIMER, group_id),
                                            max(now_ms, group.expire_at_ms)))
+        # Classic groups by the same rule: their phase deadlines as recorded, fresh sessions.
+        operations.extend(self.classic.timers(now_ms, group_ids))
         return operations
 
     # ------------------------------------------------------------------ config
@@ -285,6 +291,7 @@ class GroupCoordinator:
                     f"group {group_id} does not exist, so has no member {member_id}",
                 )
             self._check_assignors(None, request, member_id)
+            self.classic.give_up_empty(group_id, change)  # (raises if it has members)
             group = self._create_group(group_id, change)
 
         if epoch == LEAVE_EPOCH:
@@ -1293,6 +1300,8 @@ class GroupCoordinator:
     # ------------------------------------------------------------------ timers
     def on_timer(self, key: TimerKey, now_ms: int) -> Result[None]:
         kind, group_id, member_id = key
+        if kind in CLASSIC_TIMERS:
+            return self.classic.on_timer(key, now_ms)
         change = _Change(self.store)
         group = self.store.groups.get(group_id)
         if group is None:

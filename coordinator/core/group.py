@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from coordinator.config import GroupConfig
+from coordinator.core.classic.state import CLASSIC_KEY_TYPES as CLASSIC_KEYS
+from coordinator.core.classic.state import ClassicStore
 from coordinator.core.reconcile import (
     EMPTY,
     NO_ASSIGNMENT,
@@ -312,6 +314,7 @@ class GroupStore:
     def __init__(self) -> None:
         self.groups: dict[str, Group] = {}
         self.member_total = 0
+        self.classic = ClassicStore()  # classic groups: records of their own
 
     def group(self, group_id: str) -> Group:
         group = self.groups.get(group_id)
@@ -382,6 +385,8 @@ class GroupStore:
                 if group is None:
                     return Record(key, None)
                 return deadlines_record(key.group_id, group.rerun_at_ms, group.expire_at_ms)
+        if type(key) in CLASSIC_KEYS:
+            return self.classic.current_record(key)
         raise InvariantViolation(f"no record type for key {key!r}")
 
     def _find_member(self, group_id: str, member_id: str) -> Member | None:
@@ -394,7 +399,7 @@ class GroupStore:
 
     def apply(self, key: Any, value: Any) -> None:
         """`replay` of the record (key, value), for callers that hold them apart."""
-        if value is None and key.group_id not in self.groups:
+        if value is None and key.group_id not in self.groups and type(key) not in CLASSIC_KEYS:
             return  # a tombstone for a group that is gone deletes nothing (and creates nothing)
         # One dict lookup instead of a chain of class patterns: start-up replays every
         # surviving record through here.
@@ -645,6 +650,8 @@ GroupStore._appliers = {
     ConnectGroupTargetAssignmentMetadataKey: GroupStore._replay_target_metadata,
     ConnectGroupConfigurationKey: GroupStore._replay_configuration,
     ConnectGroupDeadlinesKey: GroupStore._replay_deadlines,
+    **{key_type: lambda store, key, value: store.classic.apply(key, value)
+       for key_type in CLASSIC_KEYS},
 }
 _MEMBER_STATES = {int(state): state for state in MemberState}
 

@@ -157,6 +157,10 @@ class Result(Generic[R]):
     undo: list[Record] = field(default_factory=list)
     # Server-side assignor runs to start in the worker pool.
     jobs: list[AssignorRun] = field(default_factory=list)
+    # Parked requests to answer once the records are durable: (waiter key, answer). A
+    # classic group's JoinGroup and SyncGroup wait for other members; the shell holds
+    # them (`coordinator/core/classic/engine.py`).
+    releases: list[tuple[Any, Any]] = field(default_factory=list)
 
     def touched_groups(self) -> set[str]:
         """The groups this change wrote records for, set timers of or started runs for:

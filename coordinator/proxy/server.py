@@ -23,6 +23,7 @@ import structlog
 import trio
 
 from coordinator.proxy import wire
+from coordinator.server.classic import Address, listed_groups
 from coordinator.server.kafka import ProblemLog
 from protocol._codec import INT32
 from protocol.errors import ErrorCode
@@ -414,10 +415,12 @@ class _Connection:
     async def _answer_locally(self, frame: bytes, routing: wire.Routing, slot: _Slot) -> None:
         head = routing.head
         if (head.api_key, head.api_version) in REQUEST_CLASSES:
+            coordinator = self.proxy.coordinator
             # Shielded: a state change in the core is not abandoned halfway because its
             # client went away.
             with trio.CancelScope(shield=True):
-                answer = await self.proxy.local.answer_frame(frame, self.problems)
+                answer = await self.proxy.local.answer_frame(
+                    frame, self.problems, self.peer, Address(coordinator.host, coordinator.port))
             slot.finish(answer, "malformed request")
             return
         # An owned group's API the coordinator does not serve (yet): say so.
@@ -531,6 +534,10 @@ class _Connection:
         if key == wire.API_VERSIONS:
             body = wire.intersect_api_versions(body, SUPPORTED_APIS, proxy.local_group_apis)
             version = int(type(body).__version__)
+        elif key == wire.LIST_GROUPS:
+            local = [wire.LocalGroup(*listed)
+                     for listed in listed_groups(proxy.local.runtime.core)]
+            body = wire.merge_listed_groups(body, routing.request, local, proxy.owned)
         else:
             for endpoint in wire.endpoints(key, version, body):
                 await proxy.learn_node(endpoint)

@@ -45,6 +45,7 @@ HEARTBEAT = 12
 LEAVE_GROUP = 13
 SYNC_GROUP = 14
 DESCRIBE_GROUPS = 15
+LIST_GROUPS = 16
 API_VERSIONS = 18
 TXN_OFFSET_COMMIT = 28
 DELETE_GROUPS = 42
@@ -67,7 +68,10 @@ VERSION_CAPS = {PRODUCE: 9, FETCH: 15, DESCRIBE_CLUSTER: 1}
 # share-group leader endpoints): left out of ApiVersions altogether.
 LEFT_OUT = frozenset({DESCRIBE_QUORUM, SHARE_FETCH, SHARE_ACKNOWLEDGE})
 # Responses decoded and rewritten on the way back.
-REWRITTEN = frozenset({METADATA, DESCRIBE_CLUSTER, FIND_COORDINATOR, API_VERSIONS})
+# (ListGroups: the upstream's list, with the owned groups' entries replaced by this
+# coordinator's own.)
+REWRITTEN = frozenset({METADATA, DESCRIBE_CLUSTER, FIND_COORDINATOR, API_VERSIONS,
+                       LIST_GROUPS})
 
 
 def _snake_to_camel(name: str) -> str:
@@ -215,6 +219,7 @@ class Routing:
     expects_response: bool = True  # False for Produce with acks=0
     owned_keys: frozenset[str] = frozenset()  # FindCoordinator keys answered as ours
     coordinator_keys: tuple[str, ...] = ()  # a FindCoordinator's keys, in request order
+    request: Any = None  # the decoded request, where the rewrite needs it (ListGroups)
 
 
 class GroupMatcher:
@@ -249,6 +254,8 @@ def classify(frame: bytes, owned: Callable[[str], bool]) -> Routing:
                            coordinator_keys=keys)
         return Routing(head, Action.FORWARD, rewrite=True, owned_keys=ours,
                        coordinator_keys=keys)
+    if key == LIST_GROUPS and _has_schema(key, head.api_version):
+        return Routing(head, Action.FORWARD, rewrite=True, request=decode_request(frame, head))
     group_ids = GROUP_IDS.get(key)
     if group_ids is not None and _has_schema(key, head.api_version):
         if any(owned(group) for group in group_ids(decode_request(frame, head))):
@@ -369,6 +376,39 @@ def rewrite(api_key: int, api_version: int, body: Any,
     return body
 
 
+@dataclass(frozen=True, slots=True)
+class LocalGroup:
+    group_id: str
+    protocol_type: str
+    state: str  # as Kafka names it: "Stable", "PreparingRebalance", ...
+    group_type: str  # "classic" or "connect"
+
+
+def merge_listed_groups(body: Any, request: Any, local: Iterable[LocalGroup],
+                        owned: Callable[[str], bool]) -> Any:
+    """A ListGroups answer from upstream with the owned groups' entries replaced by the
+    coordinator's own groups (those that match `proxy.groups`), filtered as the request
+    asks (states from v4, types from v5), in group id order."""
+    entry_type = sys.modules[type(body).__module__].ListedGroup
+    entry_fields = entry_type.__dataclass_fields__
+    states = {state.lower() for state in getattr(request, "states_filter", ())}
+    types = {kind.lower() for kind in getattr(request, "types_filter", ())}
+    entries = [entry for entry in body.groups if not owned(entry.group_id)]
+    for group in local:
+        if not owned(group.group_id):
+            continue
+        if states and group.state.lower() not in states:
+            continue
+        if types and group.group_type.lower() not in types:
+            continue
+        values = {"group_id": group.group_id, "protocol_type": group.protocol_type,
+                  "group_state": group.state, "group_type": group.group_type}
+        entries.append(zero_entity(entry_type, **{name: value for name, value in values.items()
+                                                  if name in entry_fields}))
+    entries.sort(key=lambda entry: str(entry.group_id))
+    return dataclasses.replace(body, groups=tuple(entries))
+
+
 def find_coordinator_answer(api_version: int, correlation_id: int, keys: Iterable[str],
                             coordinator: Endpoint, error_code: int = 0,
                             error_message: str | None = None) -> bytes:
@@ -450,7 +490,8 @@ def intersect_api_versions(body: Any, local: Mapping[int, tuple[int, int]],
 
 
 __all__ = [
-    "Action", "Endpoint", "GroupMatcher", "RequestHead", "Routing", "api_name", "classify",
+    "Action", "Endpoint", "GroupMatcher", "LocalGroup", "RequestHead", "Routing", "api_name",
+    "classify", "merge_listed_groups",
     "decode_response", "encode_request", "encode_response", "endpoints", "error_answer",
     "find_coordinator_answer", "intersect_api_versions", "rewrite",
 ]

@@ -7,6 +7,7 @@ the records are made durable before the answer. Bad input gets a 4xx with a JSON
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from contextlib import aclosing
 from typing import Any, Protocol
 
@@ -19,9 +20,10 @@ from starlette.routing import Route
 
 from coordinator.config import FIELD_KEYS
 from coordinator.core import describe as describing
+from coordinator.core.classic.view import member_views
 from coordinator.server.limits import too_long
 from coordinator.server.runtime import NotDurable, Runtime
-from coordinator.units import CONNECTOR, Unit, format_unit
+from coordinator.units import CONNECTOR, Unit, format_unit, split_units
 from protocol.errors import ApiError, ErrorCode
 
 STATUS_BY_CODE = {
@@ -65,6 +67,7 @@ def view_of(taken: describing.GroupSnapshot, config: dict[str, Any],
     unassigned = sorted(unassigned_units)
     return {
         "group_id": described.group_id,
+        "type": "connect",
         "state": described.group_state,
         "group_epoch": described.group_epoch,
         "assignment_epoch": described.assignment_epoch,
@@ -89,6 +92,43 @@ def view_of(taken: describing.GroupSnapshot, config: dict[str, Any],
                 "target": _units_json(m.target),
             }
             for m in described.members
+        ],
+    }
+
+
+def _held_json(units: Iterable[Unit]) -> dict[str, Any]:
+    connectors, tasks = split_units(units)
+    return {"connectors": connectors,
+            "tasks": [{"connector": name, "task": task} for name, task in tasks]}
+
+
+def classic_group_view(runtime: Runtime, group_id: str) -> dict[str, Any] | None:
+    """A classic group as JSON (None: no classic group of that id): its generation and
+    phase, and each member's worker url and what it holds, read from Connect's bytes."""
+    group = runtime.core.classic.store.groups.get(group_id)
+    if group is None:
+        return None
+    meta = group.meta
+    return {
+        "group_id": group_id,
+        "type": "classic",
+        "state": group.state.label,
+        "generation": meta.generation,
+        "protocol_type": meta.protocol_type,
+        "protocol": meta.protocol_name,
+        "leader": meta.leader,
+        "members": [
+            {
+                "member_id": view.member_id,
+                "instance_id": view.instance_id,
+                "client_id": view.client_id,
+                "worker_url": view.worker_url,
+                "protocol": "classic",
+                "joined_generation": view.joined_generation,
+                "synced_generation": view.synced_generation,
+                "holds": _held_json(view.holds),
+            }
+            for view in member_views(group)
         ],
     }
 
@@ -201,7 +241,14 @@ def build_admin_app(runtime: Runtime, proxy: ProxyView | None = None) -> Starlet
                 groups.append({"group_id": taken.group_id, "state": taken.state,
                                "group_epoch": taken.epoch,
                                "assignment_epoch": taken.assignment_epoch,
-                               "assignor": taken.assignor, "members": len(taken.members)})
+                               "assignor": taken.assignor, "type": "connect",
+                               "members": len(taken.members)})
+            for group_id in sorted(runtime.core.classic.store.groups):
+                classic = classic_group_view(runtime, group_id)
+                assert classic is not None
+                groups.append({key: classic[key] for key in (
+                    "group_id", "type", "state", "generation", "protocol")}
+                    | {"members": len(classic["members"])})
             return JSONResponse({"groups": groups})
         return await guarded(request, handle)
 
@@ -209,6 +256,9 @@ def build_admin_app(runtime: Runtime, proxy: ProxyView | None = None) -> Starlet
         async def handle(request: Request) -> Response:
             require_ready()
             group_id = request.path_params["group"]
+            classic = classic_group_view(runtime, group_id)
+            if classic is not None:
+                return JSONResponse(classic)
             taken = runtime.core.describe_snapshot(group_id)  # on the loop: consistent
             if isinstance(taken, tuple):
                 raise taken[1]

@@ -177,7 +177,9 @@ async def run_server(
             log.info("ready", listen=f"{listen[0]}:{kafka_port}",
                      admin=f"http://{admin_listen[0]}:{admin_port}",
                      data_dir=str(data_dir) if data_dir else None,
-                     groups=len(core.group_ids()), members=core.member_count())
+                     groups=len(core.group_ids()), members=core.member_count(),
+                     classic_groups=len(core.classic.store.groups),
+                     classic_members=core.classic.store.member_count())
             task_status.started(handle)
             await handle.stop_requested.wait()
             log.info("shutting_down", in_flight=kafka.in_flight)

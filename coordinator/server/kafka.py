@@ -43,8 +43,20 @@ from coordinator.config import FIELD_KEYS, ServerConfig
 from coordinator.core import describe as describing
 from coordinator.core.validation import CheckedInstall, check_install, install_unit_count
 from coordinator.metrics import api_name
+from coordinator.server import classic
+from coordinator.server.classic import Address
 from coordinator.server.limits import decode_limits, describe_answer_bytes, oversized_field
 from coordinator.server.runtime import NotDurable, Runtime
+from protocol.classic import (
+    CLASSIC_APIS,
+    FIND_COORDINATOR,
+    JOIN_GROUP,
+    LEAVE_GROUP,
+    LIST_GROUPS,
+    METADATA,
+    SYNC_GROUP,
+)
+from protocol.classic import HEARTBEAT as HEARTBEAT_V
 from protocol.errors import ErrorCode
 from protocol.fastpath import encode_heartbeat_response
 from protocol.framing import (
@@ -233,6 +245,9 @@ class KafkaServer:
         """Graceful shutdown: stop accepting, wait for in-flight requests, then close."""
         if self._accepting is not None:
             self._accepting.cancel()
+        # Parked JoinGroup/SyncGroup requests would hold the drain until their groups
+        # move on: they are told to find the coordinator again.
+        self.runtime.waiters.release_all(ErrorCode.COORDINATOR_NOT_AVAILABLE)
         with trio.move_on_after(timeout_s):
             await self._idle.wait()
         if self._connections is not None:
@@ -241,10 +256,18 @@ class KafkaServer:
     async def _connection(self, stream: trio.SocketStream) -> None:
         metrics = self.runtime.metrics
         metrics.connections.inc()
-        problems = ProblemLog(peer=_peer(stream))
+        peer = _peer(stream)
+        try:
+            local = stream.socket.getsockname()
+        except OSError:
+            local = None
+        # The address this connection reached the coordinator at: what FindCoordinator
+        # and Metadata answer with.
+        address = Address(str(local[0]), int(local[1])) if local else Address("", -1)
+        problems = ProblemLog(peer=peer)
         try:
             async with stream:
-                await self._converse(stream, problems)
+                await self._converse(stream, problems, peer, address)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass  # the peer went away
         except Exception:  # never further than this connection
@@ -253,7 +276,8 @@ class KafkaServer:
             self.open_connections -= 1
             metrics.connections.dec()
 
-    async def _converse(self, stream: trio.SocketStream, problems: ProblemLog) -> None:
+    async def _converse(self, stream: trio.SocketStream, problems: ProblemLog, peer: Any,
+                        address: Address) -> None:
         metrics = self.runtime.metrics
         config = self.config
         read_timeout_s = config.connection_read_timeout_ms / 1000
@@ -300,7 +324,7 @@ class KafkaServer:
             completed = False
             for frame in frames:
                 completed = True
-                answer = await self._answer(frame, problems)
+                answer = await self._answer(frame, problems, peer, address)
                 if answer is None:
                     metrics.reject("malformed")
                     closing = True
@@ -327,13 +351,15 @@ class KafkaServer:
         """Until no request is being answered."""
         await self._idle.wait()
 
-    async def answer_frame(self, frame: bytes, problems: ProblemLog) -> bytes | None:
+    async def answer_frame(self, frame: bytes, problems: ProblemLog, peer: Any,
+                           address: Address) -> bytes | None:
         """One request frame's framed response, or None when its connection must close
-        (the proxy hands the requests of owned groups here, with its connection's
-        problem log)."""
-        return await self._answer(frame, problems)
+        (the proxy hands the requests of owned groups here, with its connection's problem
+        log; `address` is the one the coordinator is known by)."""
+        return await self._answer(frame, problems, peer, address)
 
-    async def _answer(self, frame: bytes, problems: ProblemLog) -> bytes | None:
+    async def _answer(self, frame: bytes, problems: ProblemLog, peer: Any = None,
+                      address: Address | None = None) -> bytes | None:
         """The framed response, or None when the connection must close."""
         started = time.perf_counter()
         try:
@@ -361,6 +387,9 @@ class KafkaServer:
             if problem is not None:
                 answer, code = self._refuse(request, problems, problem,
                                             getattr(request.body, "group_ids", ()))
+            elif request.api_key in CLASSIC_APIS:
+                answer, code = await self._classic(request, peer,
+                                                   address or Address("", -1))
             else:
                 answer, code = await self._dispatch(request, problems, checked)
         except Exception as error:
@@ -403,6 +432,53 @@ class KafkaServer:
         code = ErrorCode.INVALID_REQUEST
         return error_response(request.api_key, request.api_version, request.correlation_id,
                               code, message, group_ids=group_ids), code
+
+    async def _classic(self, request: DecodedRequest, peer: Any,
+                       address: Address) -> tuple[bytes, int]:
+        """Kafka's own APIs: finding the coordinator, and classic groups."""
+        key, version, correlation = request.api_key, request.api_version, request.correlation_id
+        body = request.body
+        response: Any
+        code: int = ErrorCode.NONE
+        if key == METADATA:
+            response = classic.metadata_response(version, body, address)
+        elif key == FIND_COORDINATOR:
+            response, code = classic.find_coordinator_response(version, body, address)
+        else:
+            runtime = self.runtime
+            if not runtime.ready:
+                code = ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
+                return error_response(key, version, correlation, code, "loading",
+                                      group_ids=getattr(body, "groups", ())), code
+            engine = runtime.core.classic
+            try:
+                if key == JOIN_GROUP:
+                    host = (str(peer[0]) if isinstance(peer, tuple)
+                            else str(peer).rpartition(":")[0] if peer else "")
+                    join = classic.join_request(body, version, request.client_id, host)
+                    answer = await runtime.classic(engine.join, join)
+                    response, code = classic.join_response(version, answer), answer.error
+                elif key == SYNC_GROUP:
+                    answer = await runtime.classic(engine.sync, classic.sync_request(body))
+                    response, code = classic.sync_response(version, answer), answer.error
+                elif key == HEARTBEAT_V:
+                    beat = await runtime.classic(engine.heartbeat,
+                                                 classic.heartbeat_request(body))
+                    response, code = classic.heartbeat_response(version, beat.error), beat.error
+                elif key == LEAVE_GROUP:
+                    left = await runtime.classic(engine.leave,
+                                                 classic.leave_request(body, version))
+                    response = classic.leave_response(version, left.error, left.members)
+                    code = left.error
+                elif key == LIST_GROUPS:
+                    response = classic.list_groups_response(version, body, runtime.core)
+                else:
+                    response = classic.describe_groups_response(version, body, runtime.core)
+            except NotDurable:
+                code = ErrorCode.COORDINATOR_NOT_AVAILABLE
+                return error_response(key, version, correlation, code, "not durable",
+                                      group_ids=getattr(body, "groups", ())), code
+        return encode_response(key, version, correlation, response), code
 
     async def _dispatch(self, request: DecodedRequest, problems: ProblemLog,
                         checked: CheckedInstall | None = None) -> tuple[bytes, int]:

@@ -50,6 +50,7 @@ from coordinator.assignors.transport import (
     run_packed,
 )
 from coordinator.config import ServerConfig
+from coordinator.core.classic.engine import Parked
 from coordinator.core.coordinator import GroupCoordinator
 from coordinator.core.result import (
     AssignorRun,
@@ -63,6 +64,7 @@ from coordinator.core.result import (
 )
 from coordinator.core.validation import CheckedInstall, check_install, install_unit_count
 from coordinator.metrics import Metrics
+from coordinator.server.classic import Waiters
 from protocol.errors import ApiError, ErrorCode
 from protocol.messages import (
     ConnectGroupDescribeResponse,
@@ -401,6 +403,8 @@ class Runtime:
         # have landed since start-up.
         self.recent_runs: deque[RunTimes] = deque(maxlen=RECENT_RUNS)
         self.runs_landed = 0
+        # Classic JoinGroup and SyncGroup requests waiting for other members.
+        self.waiters = Waiters()
 
     # ---------------------------------------------------------------- lifetime
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -460,6 +464,8 @@ class Runtime:
             await self._persist(result)
             if self._rebalance_started:
                 self._observe_stable(result.records)
+        if result.releases:
+            self.waiters.release(result.releases)  # parked classic requests, now durable
         return result.response
 
     def _count_event(self, event: Event) -> None:
@@ -579,6 +585,20 @@ class Runtime:
             checked = await trio.to_thread.run_sync(check_install, request)
         return await self.complete(
             self.core.install_assignment(request, self.clock.now_ms(), checked))
+
+    async def classic(self, operation: Callable[[Any, int], Result[Any]], request: Any) -> Any:
+        """A classic group request: its answer, once durable; a parked one's when a later
+        change releases it."""
+        result = operation(request, self.clock.now_ms())
+        parked = result.response if isinstance(result.response, Parked) else None
+        if parked is None:
+            return await self.complete(result)
+        waiter = self.waiters.park(parked.key)
+        try:
+            await self.complete(result)
+            return await waiter.wait()
+        finally:
+            self.waiters.discard(parked.key, waiter)
 
     def describe(self, request: Any) -> ConnectGroupDescribeResponse:
         return self.core.describe(request, self.clock.now_ms())

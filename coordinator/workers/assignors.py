@@ -23,8 +23,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from coordinator.units import CONNECTOR, Unit, split_units
-from coordinator.workers.connect_protocol import (
+from coordinator.connect_protocol import (
     COMPATIBLE_VERSION,
     EAGER_VERSION,
     SESSIONED_VERSION,
@@ -35,6 +34,7 @@ from coordinator.workers.connect_protocol import (
     encode_assignment,
     encode_worker_metadata,
 )
+from coordinator.units import CONNECTOR, Unit, split_units
 from protocol.messages import (
     ConnectGroupInstallAssignmentRequest,
     ConnectGroupPrepareAssignmentResponse,

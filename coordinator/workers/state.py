@@ -28,6 +28,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from coordinator.connect_protocol import (
+    ConnectAssignment,
+    ConnectProtocolError,
+    decode_assignment,
+)
 from coordinator.units import Unit
 from coordinator.workers.assignors import (
     ASSIGNMENT_FAILED,
@@ -37,11 +42,6 @@ from coordinator.workers.assignors import (
     Leader,
     units_from_wire,
     units_to_wire,
-)
-from coordinator.workers.connect_protocol import (
-    ConnectAssignment,
-    ConnectProtocolError,
-    decode_assignment,
 )
 from protocol.errors import ErrorCode
 from protocol.messages import (

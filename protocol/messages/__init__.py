@@ -2,6 +2,10 @@
 # Do not edit: change the JSON and run `python -m protocol.generate`.
 """Every generated message and record class, and the common structs."""
 
+from protocol.messages.classic_group_member_key import ClassicGroupMemberKey
+from protocol.messages.classic_group_member_value import ClassicGroupMemberValue
+from protocol.messages.classic_group_metadata_key import ClassicGroupMetadataKey
+from protocol.messages.classic_group_metadata_value import ClassicGroupMetadataValue
 from protocol.messages.common import ConnectorsAndTasks, ConnectorTaskId
 from protocol.messages.connect_group_configuration_key import ConnectGroupConfigurationKey
 from protocol.messages.connect_group_configuration_value import ConnectGroupConfigurationValue
@@ -49,6 +53,10 @@ from protocol.messages.connect_group_target_assignment_metadata_value import (
 )
 
 __all__ = [
+    "ClassicGroupMemberKey",
+    "ClassicGroupMemberValue",
+    "ClassicGroupMetadataKey",
+    "ClassicGroupMetadataValue",
     "ConnectGroupConfigurationKey",
     "ConnectGroupConfigurationValue",
     "ConnectGroupConnectorsKey",

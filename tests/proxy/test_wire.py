@@ -13,6 +13,11 @@ from kio.schema.find_coordinator.v6.request import FindCoordinatorRequest as Fin
 from kio.schema.find_coordinator.v6.response import Coordinator as CoordinatorV6
 from kio.schema.find_coordinator.v6.response import FindCoordinatorResponse as FoundV6
 from kio.schema.join_group.v9.request import JoinGroupRequest, JoinGroupRequestProtocol
+from kio.schema.list_groups.v4.response import ListedGroup as ListedV4
+from kio.schema.list_groups.v4.response import ListGroupsResponse as ListedGroupsV4
+from kio.schema.list_groups.v5.request import ListGroupsRequest as ListV5
+from kio.schema.list_groups.v5.response import ListedGroup as ListedV5
+from kio.schema.list_groups.v5.response import ListGroupsResponse as ListedGroupsV5
 from kio.schema.metadata.v12.response import MetadataResponse, MetadataResponseBroker
 from kio.schema.produce.v3.request import ProduceRequest as ProduceV3
 from kio.schema.produce.v9.request import ProduceRequest as ProduceV9
@@ -182,3 +187,34 @@ def test_a_find_coordinator_version_beyond_the_offered_ones_is_malformed() -> No
     frame[2:4] = struct.pack(">h", 99)  # a version nobody offered
     with pytest.raises(MalformedRequest, match="beyond"):
         wire.classify(bytes(frame), OWNED)
+
+
+def test_list_groups_is_the_upstreams_list_with_the_owned_groups_ours() -> None:
+    request = ListV5(states_filter=(), types_filter=())
+    routing = wire.classify(frame_of(wire.LIST_GROUPS, 5, request), OWNED)
+    assert routing.action is Action.FORWARD and routing.rewrite
+    assert routing.request == request
+    upstream = ListedGroupsV5(throttle_time=NO_THROTTLE, error_code=KioErrorCode.none,
+                              groups=(
+        ListedV5(group_id="sink-consumers", protocol_type="consumer", group_state="Stable",
+                 group_type="classic"),
+        # A stale entry of an owned group (it lived on the broker once): not the live one.
+        ListedV5(group_id="connect-a", protocol_type="connect", group_state="Empty",
+                 group_type="classic")))
+    local = [wire.LocalGroup("connect-a", "connect", "Stable", "classic"),
+             wire.LocalGroup("connect-b", "connect", "PreparingRebalance", "connect"),
+             wire.LocalGroup("elsewhere", "connect", "Stable", "classic")]  # not owned
+    merged = wire.merge_listed_groups(upstream, request, local, OWNED)
+    assert [(g.group_id, g.group_state, g.group_type) for g in merged.groups] == [
+        ("connect-a", "Stable", "classic"), ("connect-b", "PreparingRebalance", "connect"),
+        ("sink-consumers", "Stable", "classic")]
+    # The request's filters apply to the coordinator's groups too (states from v4 on).
+    stable_only = ListV5(states_filter=("Stable",), types_filter=("classic",))
+    merged = wire.merge_listed_groups(upstream, stable_only, local, OWNED)
+    assert [g.group_id for g in merged.groups] == ["connect-a", "sink-consumers"]
+    older = ListedGroupsV4(throttle_time=NO_THROTTLE, error_code=KioErrorCode.none,
+                           groups=(ListedV4(group_id="x", protocol_type="consumer",
+                                            group_state="Stable"),))
+    merged = wire.merge_listed_groups(older, None, local, OWNED)
+    assert [g.group_id for g in merged.groups] == ["connect-a", "connect-b", "x"]
+    assert not hasattr(merged.groups[0], "group_type")

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from coordinator.connect_protocol import decode_assignment, decode_worker_metadata
 from coordinator.units import Unit, units_of
 from coordinator.workers.assignors import (
     DelayMemory,
@@ -17,7 +18,6 @@ from coordinator.workers.assignors import (
     eager_assign,
     incremental_cooperative_assign,
 )
-from coordinator.workers.connect_protocol import decode_assignment, decode_worker_metadata
 
 from .helpers import kinds, units, view
 

@@ -8,8 +8,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from coordinator.units import CONNECTOR, Unit
-from coordinator.workers.connect_protocol import (
+from coordinator.connect_protocol import (
+    CONFIG_MISMATCH,
+    PROTOCOL_NAMES,
+    PROTOCOL_VERSIONS,
     ConnectAssignment,
     ConnectProtocolError,
     WorkerMetadata,
@@ -18,6 +20,7 @@ from coordinator.workers.connect_protocol import (
     encode_assignment,
     encode_worker_metadata,
 )
+from coordinator.units import CONNECTOR, Unit
 
 
 def hexbytes(text: str) -> bytes:
@@ -79,6 +82,34 @@ COMPATIBLE_METADATA_NO_ALLOCATION = hexbytes("""
     0000000000000000      # config offset 0
     ffffffff              # allocation: null (nothing assigned)
 """)
+
+
+SESSIONED_ASSIGNMENT = hexbytes("""
+    0002                  # version 2
+    0001                  # error 1: CONFIG_MISMATCH
+    0002 6c31             # leader "l1"
+    0000                  # leader url: "" (strings are never null)
+    7fffffffffffffff      # config offset: the largest int64
+    00000000              # assignment: nothing new
+    00000002              # revoked: 2 connectors, in name order
+    0001 7a 00000001 00000000              # "z": [0]
+    0002 c3a9 00000002 ffffffff 00000003   # "\u00e9" (2 UTF-8 bytes): [-1, 3]
+    000493e0              # delay 300000 ms (Connect's scheduled.rebalance.max.delay.ms)
+""")
+
+
+def test_sessioned_assignment_vector() -> None:
+    assignment = ConnectAssignment(version=2, error=CONFIG_MISMATCH, leader="l1",
+                                   config_offset=2**63 - 1,
+                                   revoked=frozenset({("\u00e9", CONNECTOR), ("\u00e9", 3),
+                                                      ("z", 0)}), delay_ms=300_000)
+    assert encode_assignment(assignment) == SESSIONED_ASSIGNMENT
+    assert decode_assignment(SESSIONED_ASSIGNMENT) == assignment
+
+
+def test_protocol_names_carry_their_versions() -> None:
+    assert PROTOCOL_VERSIONS == {"sessioned": 2, "compatible": 1, "default": 0}
+    assert PROTOCOL_NAMES[2] == "sessioned" and PROTOCOL_NAMES[0] == "default"
 
 
 def test_eager_metadata_vector() -> None:

@@ -1,10 +1,12 @@
-"""Kafka Connect's worker metadata and assignment byte layouts.
+"""Kafka Connect's worker metadata and assignment byte layouts: the one codec of them.
 
-These are the bytes a Connect worker puts in its assignor metadata, and the bytes the
-assignor hands back per member. The layouts follow Kafka's classic (non-flexible) protocol
-types: every integer is big-endian; a string is an int16 length and UTF-8 bytes; an array is
-an int32 count (-1 for null where the field is nullable); nullable bytes are an int32 length
-(-1 for null) and the bytes.
+These are the bytes a Connect worker puts in its JoinGroup protocol metadata (and a
+new-protocol worker in its client assignor metadata), and the bytes the assignor hands
+back per member in SyncGroup. The fake workers, the classic group engine and the bridge
+of classic members all read and write them here. The layouts follow Kafka's classic
+(non-flexible) protocol types: every integer is big-endian; a string is an int16 length
+and UTF-8 bytes; an array is an int32 count (-1 for null where the field is nullable);
+nullable bytes are an int32 length (-1 for null) and the bytes.
 
 Every blob starts with an int16 protocol version:
 
@@ -46,6 +48,15 @@ from coordinator.units import CONNECTOR, Unit
 EAGER_VERSION = 0
 COMPATIBLE_VERSION = 1
 SESSIONED_VERSION = 2
+
+# Connect's classic protocol names (JoinGroup protocols, in a worker's order of
+# preference) -> the metadata and assignment version each carries.
+PROTOCOL_VERSIONS: dict[str, int] = {
+    "sessioned": SESSIONED_VERSION,
+    "compatible": COMPATIBLE_VERSION,
+    "default": EAGER_VERSION,
+}
+PROTOCOL_NAMES: dict[int, str] = {version: name for name, version in PROTOCOL_VERSIONS.items()}
 
 NO_ERROR = 0
 CONFIG_MISMATCH = 1  # Connect's assignment error: config offsets the leader could not resolve

@@ -1,0 +1,148 @@
+"""Kafka's classic group APIs and the broker APIs a group client needs, as kio classes.
+
+A Connect worker finds its coordinator and joins its group with Kafka's own APIs:
+Metadata and FindCoordinator to find it, then JoinGroup, SyncGroup, Heartbeat and
+LeaveGroup, and tools look at groups with DescribeGroups and ListGroups. Their message
+classes are kio's (one module per API and version); this module lists the versions served
+and builds any version of a message from the same keyword arguments (:func:`build`), so
+the code that answers a request does not depend on its version.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import importlib
+from typing import Any
+
+from kio.schema.errors import ErrorCode as KioErrorCode
+
+JOIN_GROUP = 11
+HEARTBEAT = 12
+LEAVE_GROUP = 13
+SYNC_GROUP = 14
+DESCRIBE_GROUPS = 15
+LIST_GROUPS = 16
+FIND_COORDINATOR = 10
+METADATA = 3
+
+# API key -> (kio package, min version, max version) served (the versions of Kafka 4's
+# Java client, so a worker never falls back to older ones).
+CLASSIC_APIS: dict[int, tuple[str, int, int]] = {
+    METADATA: ("metadata", 0, 12),
+    FIND_COORDINATOR: ("find_coordinator", 0, 6),
+    JOIN_GROUP: ("join_group", 0, 9),
+    HEARTBEAT: ("heartbeat", 0, 4),
+    LEAVE_GROUP: ("leave_group", 0, 5),
+    SYNC_GROUP: ("sync_group", 0, 5),
+    DESCRIBE_GROUPS: ("describe_groups", 0, 5),
+    LIST_GROUPS: ("list_groups", 0, 5),
+}
+
+_ROOT_NAMES = {
+    METADATA: "Metadata",
+    FIND_COORDINATOR: "FindCoordinator",
+    JOIN_GROUP: "JoinGroup",
+    HEARTBEAT: "Heartbeat",
+    LEAVE_GROUP: "LeaveGroup",
+    SYNC_GROUP: "SyncGroup",
+    DESCRIBE_GROUPS: "DescribeGroups",
+    LIST_GROUPS: "ListGroups",
+}
+
+
+def module(api_key: int, version: int, kind: str) -> Any:
+    """kio's module for the request or response (`kind`) of an API version."""
+    package = CLASSIC_APIS[api_key][0]
+    return importlib.import_module(f"kio.schema.{package}.v{version}.{kind}")
+
+
+def _classes(kind: str) -> dict[tuple[int, int], type[Any]]:
+    suffix = "Request" if kind == "request" else "Response"
+    return {
+        (api_key, version): getattr(module(api_key, version, kind), _ROOT_NAMES[api_key] + suffix)
+        for api_key, (_, low, high) in CLASSIC_APIS.items()
+        for version in range(low, high + 1)
+    }
+
+
+REQUEST_CLASSES = _classes("request")
+RESPONSE_CLASSES = _classes("response")
+
+
+def kio_error(code: int) -> KioErrorCode:
+    try:
+        return KioErrorCode(code)
+    except ValueError:  # this project's own codes: the classic APIs never carry them
+        return KioErrorCode.unknown_server_error
+
+
+def _convert(entity_field: dataclasses.Field[Any], value: Any) -> Any:
+    kind = entity_field.metadata.get("kafka_type")
+    if kind == "error_code" and not isinstance(value, KioErrorCode):
+        return kio_error(int(value))
+    if kind == "timedelta_i32" and isinstance(value, int):
+        return datetime.timedelta(milliseconds=value)
+    return value
+
+
+def build(entity_type: type[Any], **values: Any) -> Any:
+    """An instance of `entity_type` from `values`: the ones it has no field for are
+    dropped (a newer version's field in an older version), error codes and millisecond
+    timeouts are converted to kio's types, and required fields not given are zero."""
+    arguments: dict[str, Any] = {}
+    for entity_field in dataclasses.fields(entity_type):
+        name = entity_field.name
+        if name in values:
+            arguments[name] = _convert(entity_field, values[name])
+        elif (entity_field.default is dataclasses.MISSING
+              and entity_field.default_factory is dataclasses.MISSING):
+            arguments[name] = _zero(entity_field)
+    return entity_type(**arguments)
+
+
+def _zero(entity_field: dataclasses.Field[Any]) -> Any:
+    kind = entity_field.metadata.get("kafka_type")
+    if kind == "error_code":
+        return KioErrorCode.none
+    if kind == "timedelta_i32":
+        return datetime.timedelta(0)
+    if kind in ("string",):
+        return ""
+    if kind in ("bytes", "records"):
+        return b""
+    if kind == "bool":
+        return False
+    if kind is None or str(entity_field.type).startswith("tuple"):
+        return ()
+    return 0
+
+
+def nested(api_key: int, version: int, kind: str, struct: str, /, **values: Any) -> Any:
+    """A nested struct (a member, a coordinator, ...) of an API version."""
+    return build(getattr(module(api_key, version, kind), struct), **values)
+
+
+def timeout_ms(value: Any) -> int:
+    """A kio i32 timedelta field as milliseconds."""
+    if isinstance(value, datetime.timedelta):
+        return round(value.total_seconds() * 1000)
+    return int(value)
+
+
+def error_body(api_key: int, version: int, code: int, group_ids: tuple[str, ...] = ()) -> Any:
+    """The response of an API version reporting `code` and nothing else."""
+    response_type = RESPONSE_CLASSES[api_key, version]
+    if api_key == DESCRIBE_GROUPS:
+        groups = tuple(
+            nested(api_key, version, "response", "DescribedGroup", error_code=code,
+                   group_id=group_id, group_state="Dead")
+            for group_id in group_ids)
+        return build(response_type, groups=groups)
+    if api_key == JOIN_GROUP:
+        return build(response_type, error_code=code, generation_id=-1, protocol_name=None)
+    if api_key == FIND_COORDINATOR and version >= 4:
+        return build(response_type, coordinators=())
+    if api_key == METADATA:
+        return build(response_type, controller_id=-1)
+    return build(response_type, error_code=code)
