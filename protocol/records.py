@@ -4,7 +4,7 @@ A record is a key and a value, both byte strings, in the layout Kafka's group co
 uses for ``__consumer_offsets``:
 
 - key:   int16 record type id (the ``apiKey`` of the ``...Key``/``...Value`` pair, 3..9 for
-         connect groups, 10..11 for classic groups),
+         connect groups, 10..12 for classic groups and members),
          then the key struct, non-flexible (legacy strings);
 - value: int16 value version (always 0 here), then the value struct, flexible;
          ``None`` is a tombstone that deletes what the key names.
@@ -28,6 +28,8 @@ from protocol.fastpath import (
     name_and_int32_bytes,
 )
 from protocol.messages import (
+    ClassicBridgeMemberKey,
+    ClassicBridgeMemberValue,
     ClassicGroupMemberKey,
     ClassicGroupMemberValue,
     ClassicGroupMetadataKey,
@@ -59,6 +61,7 @@ RecordKey: TypeAlias = (
     | ConnectGroupConfigurationKey
     | ClassicGroupMetadataKey
     | ClassicGroupMemberKey
+    | ClassicBridgeMemberKey
 )
 RecordValue: TypeAlias = (
     ConnectGroupMetadataValue
@@ -70,6 +73,7 @@ RecordValue: TypeAlias = (
     | ConnectGroupConfigurationValue
     | ClassicGroupMetadataValue
     | ClassicGroupMemberValue
+    | ClassicBridgeMemberValue
 )
 
 _Entity = TypeVar("_Entity", RecordKey, RecordValue)
@@ -84,6 +88,7 @@ _PAIRS: tuple[tuple[type[RecordKey], type[RecordValue]], ...] = (
     (ConnectGroupConfigurationKey, ConnectGroupConfigurationValue),
     (ClassicGroupMetadataKey, ClassicGroupMetadataValue),
     (ClassicGroupMemberKey, ClassicGroupMemberValue),
+    (ClassicBridgeMemberKey, ClassicBridgeMemberValue),
 )
 
 RECORD_TYPES: dict[int, tuple[type[RecordKey], type[RecordValue]]] = {

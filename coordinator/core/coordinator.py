@@ -24,6 +24,7 @@ from coordinator.assignors.api import (
 )
 from coordinator.assignors.transport import CompactResult, expand
 from coordinator.config import ConfigError, GroupConfig, ServerConfig, parse_group_config
+from coordinator.core.classic.bridge import ClassicBridge
 from coordinator.core.classic.engine import CLASSIC_TIMERS, ClassicEngine
 from coordinator.core.group import (
     AssignorInfo,
@@ -173,6 +174,7 @@ class GroupCoordinator:
         # Classic groups: an engine of their own, on the same store and log.
         self.classic = ClassicEngine(config, self.store.classic,
                                      other_type=lambda group_id: group_id in self.store.groups)
+        self.classic.bridge = ClassicBridge(self, self.store.classic)
 
     # ------------------------------------------------------------------ records
     def replay(self, record: Record) -> None:
