@@ -53,12 +53,38 @@ def _units_json(value: Any) -> dict[str, Any]:
     }
 
 
+def classic_group_view(runtime: Runtime, group_id: str) -> dict[str, Any] | None:
+    """A classic group's view as JSON (None if there is no classic group of that id)."""
+    described = runtime.core.classic.describe(group_id)
+    if described is None:
+        return None
+    return {
+        "group_id": group_id,
+        "type": "classic",
+        "state": described.state,
+        "generation": described.generation,
+        "protocol_type": described.protocol_type,
+        "protocol": described.protocol_name or None,
+        "leader": described.leader,
+        "members": [
+            {"member_id": m.member_id, "instance_id": m.instance_id, "client_id": m.client_id,
+             "client_host": m.client_host, "protocol": "classic"}
+            for m in described.members
+        ],
+    }
+
+
 def group_view(runtime: Runtime, group_id: str) -> dict[str, Any]:
     """The describe view as JSON, plus what no member's target holds."""
+    classic = classic_group_view(runtime, group_id)
+    if classic is not None:
+        return classic
     described = runtime.core.describe_group(group_id)
+    bridged = runtime.core.classic.store.bridged
     unassigned = sorted(runtime.core.unassigned_units(group_id))
     return {
         "group_id": described.group_id,
+        "type": "connect",
         "state": described.group_state,
         "group_epoch": described.group_epoch,
         "assignment_epoch": described.assignment_epoch,
@@ -74,6 +100,7 @@ def group_view(runtime: Runtime, group_id: str) -> dict[str, Any]:
         "members": [
             {
                 "member_id": m.member_id,
+                "protocol": "classic" if (group_id, m.member_id) in bridged else "connect",
                 "instance_id": m.instance_id,
                 "worker_url": m.worker_url,
                 "member_epoch": m.member_epoch,
@@ -131,7 +158,12 @@ def build_admin_app(runtime: Runtime) -> Starlette:
             for group_id in runtime.core.group_ids():
                 view = group_view(runtime, group_id)
                 groups.append({key: view[key] for key in (
-                    "group_id", "state", "group_epoch", "assignment_epoch", "assignor")}
+                    "group_id", "type", "state", "group_epoch", "assignment_epoch",
+                    "assignor")} | {"members": len(view["members"])})
+            for group_id in sorted(runtime.core.classic.store.groups):
+                view = group_view(runtime, group_id)
+                groups.append({key: view[key] for key in (
+                    "group_id", "type", "state", "generation", "protocol")}
                     | {"members": len(view["members"])})
             return JSONResponse({"groups": groups})
         return await guarded(request, handle)

@@ -287,6 +287,10 @@ async def test_kafka_python_members_in_a_connect_group_beside_new_protocol_worke
             stop.set()  # (the member threads cannot be cancelled, only told to stop)
             workers.cancel_scope.cancel()
     assert violations == []
+    from coordinator.server.admin import group_view
+    view = group_view(handle.runtime, GROUP)
+    assert view["type"] == "connect"
+    assert sorted(m["protocol"] for m in view["members"]) == ["classic", "classic", "connect"]
     leaving = members.pop()
     await trio.to_thread.run_sync(leaving.leave)
     for member in members:
