@@ -1427,7 +1427,10 @@ class GroupCoordinator:
         if not group_id:
             raise ApiError(ErrorCode.INVALID_GROUP_ID, "group id must be non-empty")
         group = self.store.groups.get(group_id)
-        return group if group is not None else self._create_group(group_id, change)
+        if group is None:
+            self.classic.give_up_empty(group_id, change)  # (raises if it has members)
+            group = self._create_group(group_id, change)
+        return group
 
     def _existing_group(self, group_id: str) -> Group:
         group = self.store.groups.get(group_id)

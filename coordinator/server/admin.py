@@ -22,6 +22,7 @@ from protocol.errors import ApiError, ErrorCode
 STATUS_BY_CODE = {
     ErrorCode.GROUP_ID_NOT_FOUND: 404,
     ErrorCode.NON_EMPTY_GROUP: 409,
+    ErrorCode.INCONSISTENT_GROUP_PROTOCOL: 409,  # a classic group with members
     ErrorCode.INVALID_REQUEST: 400,
     ErrorCode.INVALID_GROUP_ID: 400,
     ErrorCode.COORDINATOR_LOAD_IN_PROGRESS: 503,

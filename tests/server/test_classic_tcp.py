@@ -208,6 +208,10 @@ async def test_join_barrier_sync_heartbeat_and_leave_over_tcp(server: ServerHand
         r'connect_coordinator_classic_rebalances_total\{reason="member_joined"\} (\S+)', text)
     assert joined is not None and float(joined.group(1)) >= 1
     assert "connect_coordinator_classic_members 2.0" in text
+    # A classic group with members is not turned into a connect group by the admin API.
+    status, refused = await http(server, "PUT", "/groups/g/connectors/A", {"tasks": 1})
+    assert status == 409 and refused["error"] == "INCONSISTENT_GROUP_PROTOCOL"
+    assert "g" not in server.runtime.core.store.groups
     # LeaveGroup v5 batch: one known, one unknown.
     body = request(wire.LEAVE_GROUP, 5, group_id="g", members=(
         request(wire.LEAVE_GROUP, 5, "MemberIdentity", member_id=b),
