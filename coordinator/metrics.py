@@ -38,6 +38,7 @@ from protocol.errors import ErrorCode, error_name
 
 CLASSIC_STATE_LABELS = tuple(state.label for state in ClassicState)
 
+
 if TYPE_CHECKING:
     from coordinator.core.coordinator import GroupCoordinator
     from coordinator.core.group import Group, Member
@@ -200,7 +201,9 @@ class _CoreCollector(Collector):
             PREFIX + "classic_members",
             "Members speaking the classic protocol: of classic groups, and bridged into "
             "connect groups.",
-            value=(classic_store.member_count() + len(classic_store.bridged))
+            value=(classic_store.member_count() + sum(
+                1 for group_id, member_id in classic_store.bridged
+                if group_id in all_groups and member_id in all_groups[group_id].members))
             if classic_store else 0,
         )
         yield GaugeMetricFamily(

@@ -174,3 +174,18 @@ def test_an_invalid_classic_install_changes_nothing() -> None:
     assert worker.held == frozenset() and worker.rejoin
     group = ctx.core.store.groups["g"]
     assert group.assignment_epoch < group.epoch  # no target was installed
+
+
+def test_group_type_connect_puts_a_new_classic_group_on_the_connect_engine() -> None:
+    ctx = ClassicContext(classic_group_type="connect")
+    metadata = encode_worker_metadata(WorkerMetadata(2, "http://w", 0))
+    first = ctx.join("", protocols=(("sessioned", metadata),))
+    assert isinstance(first, JoinAnswer) and first.error == E.MEMBER_ID_REQUIRED
+    answer = ctx.join(first.member_id, protocols=(("sessioned", metadata),))
+    assert isinstance(answer, JoinAnswer) and answer.error == E.NONE
+    assert "g" in ctx.core.store.groups and "g" not in ctx.engine.store.groups
+    assert ("g", first.member_id) in ctx.engine.store.bridged
+    # With the default (classic), the same joiner gets a classic group.
+    classic = ClassicContext()
+    classic.join("", protocols=(("sessioned", metadata),))
+    assert "g" in classic.engine.store.groups and "g" not in classic.core.store.groups
