@@ -189,3 +189,22 @@ def test_group_type_connect_puts_a_new_classic_group_on_the_connect_engine() -> 
     classic = ClassicContext()
     classic.join("", protocols=(("sessioned", metadata),))
     assert "g" in classic.engine.store.groups and "g" not in classic.core.store.groups
+
+
+def test_a_bridged_member_keeps_the_session_it_asked_for() -> None:
+    ctx = ClassicContext(assignment_interval_ms=0)  # the group's session: 10 s
+    ctx.apply(ctx.core.put_connector("g", "A", 1, ctx.now))
+    metadata = encode_worker_metadata(WorkerMetadata(2, "http://w", 0))
+    patient = ctx.join("", protocols=(("sessioned", metadata),), session_ms=30_000)
+    assert isinstance(patient, JoinAnswer)
+    ctx.join(patient.member_id, protocols=(("sessioned", metadata),), session_ms=30_000)
+    hasty = ctx.join("", protocols=(("sessioned", metadata),), session_ms=6_000)
+    assert isinstance(hasty, JoinAnswer)
+    ctx.join(hasty.member_id, protocols=(("sessioned", metadata),), session_ms=6_000)
+    ctx.advance(7_000)
+    members = ctx.core.store.groups["g"].members
+    assert hasty.member_id not in members and patient.member_id in members
+    ctx.advance(20_000)
+    assert patient.member_id in members
+    ctx.advance(5_000)
+    assert patient.member_id not in ctx.core.store.groups["g"].members

@@ -62,7 +62,7 @@ from coordinator.core.classic.engine import (
 from coordinator.core.classic.state import ClassicStore, bridge_record
 from coordinator.core.group import units_to_wire
 from coordinator.core.reconcile import MemberState
-from coordinator.core.result import Event, Result
+from coordinator.core.result import SESSION_TIMER, Event, Result, TimerSet
 from coordinator.units import Unit
 from protocol.errors import ErrorCode
 from protocol.messages import (
@@ -190,6 +190,8 @@ class ClassicBridge:
                                             undo=[self.store.current_record(record.key)])
         self.store.replay(record)
         results.append(bridge_change)
+        self._own_session(result, request.group_id, member_id, request.session_timeout_ms,
+                          now_ms)
         leader, members = "", tuple[JoinMember, ...]()
         if code == ErrorCode.COMPUTE_ASSIGNMENT:
             prepared = self.core.prepare_assignment(ConnectGroupPrepareAssignmentRequest(
@@ -201,6 +203,16 @@ class ClassicBridge:
                                 for m in prepared.response.members)
         return _merge(results, JoinAnswer(ErrorCode.NONE, member_id, epoch, PROTOCOL_TYPE,
                                           protocol, leader, members))
+
+    @staticmethod
+    def _own_session(result: Result[Any], group_id: str, member_id: str, timeout_ms: int,
+                     now_ms: int) -> None:
+        """A classic member's session is the one its JoinGroup asked for: its session
+        timer, armed by the heartbeat at the group's timeout, is moved to its own."""
+        if any(isinstance(op, TimerSet) and op.key == (SESSION_TIMER, group_id, member_id)
+               for op in result.timers):
+            result.timers.append(TimerSet((SESSION_TIMER, group_id, member_id),
+                                          now_ms + timeout_ms))
 
     def _leader_view(self, group_id: str, prepared: Any) -> JoinMember:
         """A member's metadata for the leader, its allocation being what it holds."""
@@ -256,6 +268,8 @@ class ClassicBridge:
         beat = self.core.heartbeat(ConnectGroupHeartbeatRequest(
             group_id=request.group_id, member_id=request.member_id,
             member_epoch=member.current.epoch, rebalance_timeout_ms=-1), now_ms)
+        self._own_session(beat, request.group_id, request.member_id,
+                          bridged.session_timeout_ms, now_ms)
         results.append(beat)
         member = group.members.get(request.member_id)
         if member is None:
@@ -349,6 +363,8 @@ class ClassicBridge:
             group_id=request.group_id, member_id=request.member_id,
             member_epoch=member.current.epoch, instance_id=request.instance_id,
             rebalance_timeout_ms=-1), now_ms)
+        self._own_session(beat, request.group_id, request.member_id,
+                          bridged.session_timeout_ms, now_ms)
         code = ErrorCode(beat.response.error_code)
         if code not in (ErrorCode.NONE, ErrorCode.COMPUTE_ASSIGNMENT):
             return _merge([beat], HeartbeatAnswer(_JOIN_ERRORS.get(code, code)))
