@@ -31,8 +31,13 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from coordinator.core.classic.engine import CLASSIC_REBALANCE_REASONS
+from coordinator.core.classic.state import ClassicState
 from coordinator.core.result import ASSIGNMENT_MODES, REBALANCE_TRIGGERS
 from protocol.errors import ErrorCode, error_name
+
+CLASSIC_STATE_LABELS = tuple(state.label for state in ClassicState)
+
 
 if TYPE_CHECKING:
     from coordinator.core.coordinator import GroupCoordinator
@@ -188,6 +193,24 @@ class _CoreCollector(Collector):
         for state, count in members_by_state.items():
             members.add_metric([state], count)
         yield members
+        classic_store = core.store.classic if core is not None else None
+        classic_groups = GaugeMetricFamily(
+            PREFIX + "classic_groups", "Classic groups by state.", labels=["state"])
+        by_state = dict.fromkeys(CLASSIC_STATE_LABELS, 0)
+        for classic_group in (classic_store.groups.values() if classic_store else ()):
+            by_state[classic_group.state.label] += 1
+        for state, count in by_state.items():
+            classic_groups.add_metric([state], count)
+        yield classic_groups
+        yield GaugeMetricFamily(
+            PREFIX + "classic_members",
+            "Members speaking the classic protocol: of classic groups, and bridged into "
+            "connect groups.",
+            value=(classic_store.member_count() + sum(
+                1 for group_id, member_id in classic_store.bridged
+                if group_id in all_groups and member_id in all_groups[group_id].members))
+            if classic_store else 0,
+        )
         yield GaugeMetricFamily(
             PREFIX + "unassigned_units",
             "Connectors and tasks of all groups that are in no member's target assignment.",
@@ -368,6 +391,12 @@ class Metrics:
             PREFIX + "ready", "1 once the log is loaded and requests are served.",
             registry=registry,
         )
+        self.classic_rebalances = Counter(
+            PREFIX + "classic_rebalances",
+            "Join phases of classic groups (each starts a classic rebalance), by reason.",
+            ["reason"],
+            registry=registry,
+        )
         self.rebalances = Counter(
             PREFIX + "rebalances",
             "Group epoch bumps (each starts a rebalance), by trigger.",
@@ -424,6 +453,8 @@ class Metrics:
             self.assignor_runs.labels(outcome)
         for trigger in REBALANCE_TRIGGERS:
             self.rebalances.labels(trigger)
+        for reason in CLASSIC_REBALANCE_REASONS:
+            self.classic_rebalances.labels(reason)
         for mode in ASSIGNMENT_MODES:
             self.target_assignments.labels(mode)
         for outcome in COMPACTION_OUTCOMES:
@@ -454,6 +485,11 @@ class Metrics:
 
     def reject(self, reason: str) -> None:
         self.rejected_frames.labels(reason).inc()
+
+    def classic_rebalance(self, reason: str) -> None:
+        """A classic group's join phase started (one of CLASSIC_REBALANCE_REASONS)."""
+        if reason in CLASSIC_REBALANCE_REASONS:
+            self.classic_rebalances.labels(reason).inc()
 
     def rebalance(self, trigger: str) -> None:
         """A group epoch bump (one of coordinator.core.result.REBALANCE_TRIGGERS)."""

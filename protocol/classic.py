@@ -57,17 +57,44 @@ def module(api_key: int, version: int, kind: str) -> Any:
     return importlib.import_module(f"kio.schema.{package}.v{version}.{kind}")
 
 
-def _classes(kind: str) -> dict[tuple[int, int], type[Any]]:
-    suffix = "Request" if kind == "request" else "Response"
-    return {
-        (api_key, version): getattr(module(api_key, version, kind), _ROOT_NAMES[api_key] + suffix)
-        for api_key, (_, low, high) in CLASSIC_APIS.items()
-        for version in range(low, high + 1)
-    }
+class ClassTable(dict[tuple[int, int], type[Any]]):
+    """(API key, version) -> message class, importing kio's module of a version the first
+    time it is asked for: the 130 modules of every version served took 1.2 s to import,
+    which a coordinator paid at every start (and a worker that never asks for most)."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__()
+        self._kind = kind
+        self._served = {(api_key, version) for api_key, (_, low, high) in CLASSIC_APIS.items()
+                        for version in range(low, high + 1)}
+
+    def _load(self, key: tuple[int, int]) -> type[Any]:
+        api_key, version = key
+        suffix = "Request" if self._kind == "request" else "Response"
+        loaded: type[Any] = getattr(module(api_key, version, self._kind),
+                                    _ROOT_NAMES[api_key] + suffix)
+        self[key] = loaded
+        return loaded
+
+    def get(self, key: tuple[int, int], default: Any = None) -> Any:
+        if dict.__contains__(self, key):
+            return dict.__getitem__(self, key)
+        return self._load(key) if key in self._served else default
+
+    def __missing__(self, key: tuple[int, int]) -> type[Any]:
+        if key not in self._served:
+            raise KeyError(key)
+        return self._load(key)
+
+    def __contains__(self, key: object) -> bool:
+        return dict.__contains__(self, key) or key in self._served
+
+    def keys_served(self) -> set[tuple[int, int]]:
+        return set(self._served)
 
 
-REQUEST_CLASSES = _classes("request")
-RESPONSE_CLASSES = _classes("response")
+REQUEST_CLASSES = ClassTable("request")
+RESPONSE_CLASSES = ClassTable("response")
 
 
 def kio_error(code: int) -> KioErrorCode:

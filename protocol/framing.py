@@ -123,7 +123,10 @@ _API_VERSIONS_RESPONSE_MODULES = (
     api_versions_response_v4,
 )
 
-REQUEST_CLASSES: dict[tuple[int, int], type[RequestBody]] = {
+# Kafka's classic APIs load their kio classes on first use (`protocol.classic.ClassTable`);
+# the table holds the ApiVersions and Connect classes from the start.
+REQUEST_CLASSES: dict[tuple[int, int], type[RequestBody]] = classic.REQUEST_CLASSES
+REQUEST_CLASSES.update({
     (API_VERSIONS, version): module.ApiVersionsRequest
     for version, module in enumerate(_API_VERSIONS_MODULES)
 } | {
@@ -131,10 +134,11 @@ REQUEST_CLASSES: dict[tuple[int, int], type[RequestBody]] = {
     (CONNECT_GROUP_PREPARE_ASSIGNMENT, 0): ConnectGroupPrepareAssignmentRequest,
     (CONNECT_GROUP_INSTALL_ASSIGNMENT, 0): ConnectGroupInstallAssignmentRequest,
     (CONNECT_GROUP_DESCRIBE, 0): ConnectGroupDescribeRequest,
-} | classic.REQUEST_CLASSES
+})
 """(API key, version) -> request class."""
 
-RESPONSE_CLASSES: dict[tuple[int, int], type[ResponseBody]] = {
+RESPONSE_CLASSES: dict[tuple[int, int], type[ResponseBody]] = classic.RESPONSE_CLASSES
+RESPONSE_CLASSES.update({
     (API_VERSIONS, version): module.ApiVersionsResponse
     for version, module in enumerate(_API_VERSIONS_MODULES)
 } | {
@@ -142,7 +146,7 @@ RESPONSE_CLASSES: dict[tuple[int, int], type[ResponseBody]] = {
     (CONNECT_GROUP_PREPARE_ASSIGNMENT, 0): ConnectGroupPrepareAssignmentResponse,
     (CONNECT_GROUP_INSTALL_ASSIGNMENT, 0): ConnectGroupInstallAssignmentResponse,
     (CONNECT_GROUP_DESCRIBE, 0): ConnectGroupDescribeResponse,
-} | classic.RESPONSE_CLASSES
+})
 """(API key, version) -> response class."""
 
 NO_LIMITS: Limits = {}

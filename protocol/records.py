@@ -4,7 +4,7 @@ A record is a key and a value, both byte strings, in the layout Kafka's group co
 uses for ``__consumer_offsets``:
 
 - key:   int16 record type id (the ``apiKey`` of the ``...Key``/``...Value`` pair, 3..9
-         and 20 for connect groups, 10..11 for classic groups),
+         and 20 for connect groups, 10..12 for classic groups and bridged members),
          then the key struct, non-flexible (legacy strings);
 - value: int16 value version (always 0 here), then the value struct, flexible;
          ``None`` is a tombstone that deletes what the key names.
@@ -28,6 +28,8 @@ from protocol.fastpath import (
     name_and_int32_bytes,
 )
 from protocol.messages import (
+    ClassicBridgeMemberKey,
+    ClassicBridgeMemberValue,
     ClassicGroupMemberKey,
     ClassicGroupMemberValue,
     ClassicGroupMetadataKey,
@@ -62,6 +64,7 @@ RecordKey: TypeAlias = (
     | ConnectGroupDeadlinesKey
     | ClassicGroupMetadataKey
     | ClassicGroupMemberKey
+    | ClassicBridgeMemberKey
 )
 RecordValue: TypeAlias = (
     ConnectGroupMetadataValue
@@ -74,6 +77,7 @@ RecordValue: TypeAlias = (
     | ConnectGroupDeadlinesValue
     | ClassicGroupMetadataValue
     | ClassicGroupMemberValue
+    | ClassicBridgeMemberValue
 )
 
 _Entity = TypeVar("_Entity", RecordKey, RecordValue)
@@ -89,6 +93,7 @@ _PAIRS: tuple[tuple[type[RecordKey], type[RecordValue]], ...] = (
     (ConnectGroupDeadlinesKey, ConnectGroupDeadlinesValue),
     (ClassicGroupMetadataKey, ClassicGroupMetadataValue),
     (ClassicGroupMemberKey, ClassicGroupMemberValue),
+    (ClassicBridgeMemberKey, ClassicBridgeMemberValue),
 )
 
 RECORD_TYPES: dict[int, tuple[type[RecordKey], type[RecordValue]]] = {

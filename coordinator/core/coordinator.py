@@ -24,6 +24,7 @@ from coordinator.assignors.api import (
 )
 from coordinator.config import ConfigError, GroupConfig, ServerConfig, parse_group_config
 from coordinator.core import describe as describing
+from coordinator.core.classic.bridge import ClassicBridge
 from coordinator.core.classic.engine import CLASSIC_TIMERS, ClassicEngine
 from coordinator.core.group import (
     AssignorInfo,
@@ -182,6 +183,7 @@ class GroupCoordinator:
         # Classic groups: an engine of their own, on the same store and log.
         self.classic = ClassicEngine(config, self.store.classic,
                                      other_type=lambda group_id: group_id in self.store.groups)
+        self.classic.bridge = ClassicBridge(self, self.store.classic)
 
     # ------------------------------------------------------------------ records
     def replay(self, record: Record) -> None:
@@ -1395,7 +1397,10 @@ class GroupCoordinator:
         if not group_id:
             raise ApiError(ErrorCode.INVALID_GROUP_ID, "group id must be non-empty")
         group = self.store.groups.get(group_id)
-        return group if group is not None else self._create_group(group_id, change)
+        if group is None:
+            self.classic.give_up_empty(group_id, change)  # (raises if it has members)
+            group = self._create_group(group_id, change)
+        return group
 
     def _existing_group(self, group_id: str) -> Group:
         group = self.store.groups.get(group_id)

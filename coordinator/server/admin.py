@@ -29,6 +29,7 @@ from protocol.errors import ApiError, ErrorCode
 STATUS_BY_CODE = {
     ErrorCode.GROUP_ID_NOT_FOUND: 404,
     ErrorCode.NON_EMPTY_GROUP: 409,
+    ErrorCode.INCONSISTENT_GROUP_PROTOCOL: 409,  # a classic group with members
     ErrorCode.INVALID_REQUEST: 400,
     ErrorCode.INVALID_GROUP_ID: 400,
     ErrorCode.COORDINATOR_LOAD_IN_PROGRESS: 503,
@@ -61,8 +62,9 @@ def _units_json(value: Any) -> dict[str, Any]:
 
 
 def view_of(taken: describing.GroupSnapshot, config: dict[str, Any],
-            unassigned_units: frozenset[Unit]) -> dict[str, Any]:
-    """`group_view` from a snapshot: touches no shared state, so it may run in a thread."""
+            unassigned_units: frozenset[Unit], bridged: frozenset[str]) -> dict[str, Any]:
+    """A connect group's view from a snapshot (`bridged`: its classic members' ids):
+    touches no shared state, so it may run in a thread."""
     described = describing.build(taken, off_loop=True)
     unassigned = sorted(unassigned_units)
     return {
@@ -83,6 +85,7 @@ def view_of(taken: describing.GroupSnapshot, config: dict[str, Any],
         "members": [
             {
                 "member_id": m.member_id,
+                "protocol": "classic" if m.member_id in bridged else "connect",
                 "instance_id": m.instance_id,
                 "worker_url": m.worker_url,
                 "member_epoch": m.member_epoch,
@@ -264,11 +267,13 @@ def build_admin_app(runtime: Runtime, proxy: ProxyView | None = None) -> Starlet
                 raise taken[1]
             config = runtime.core.group_config(group_id)
             unassigned = runtime.core.unassigned_units(group_id)
+            bridged = frozenset(member[0] for member in taken.members
+                                if (group_id, member[0]) in runtime.core.classic.store.bridged)
             if len(taken.members) <= VIEW_OFFLOAD_MEMBERS:
-                return JSONResponse(view_of(taken, config, unassigned))
+                return JSONResponse(view_of(taken, config, unassigned, bridged))
 
             def encoded() -> bytes:
-                return msgspec.json.encode(view_of(taken, config, unassigned))
+                return msgspec.json.encode(view_of(taken, config, unassigned, bridged))
 
             # Building a large group's view and its JSON takes about a millisecond per 25
             # members: in a thread, from the snapshot.

@@ -475,6 +475,8 @@ class Runtime:
             self._rebalance_started.setdefault(event.group_id, self.clock.now_ms())
         elif name == "target_installed":
             self.metrics.target_installed(str(event.fields.get("mode")))
+        elif name == "classic_rebalance_started":
+            self.metrics.classic_rebalance(str(event.fields.get("reason")))
 
     def _observe_stable(self, records: Sequence[Record]) -> None:
         """Observe time to stable for the rebalancing groups these records touched."""

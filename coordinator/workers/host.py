@@ -36,6 +36,7 @@ from coordinator.workers.assignors import (
     EagerAssignor,
     IncrementalCooperativeAssignor,
 )
+from coordinator.workers.classic import ClassicWorker
 from coordinator.workers.registry import UnitRegistry
 from coordinator.workers.state import WorkerConfig
 from coordinator.workers.worker import TRANSPORT_ERRORS, Worker, WorkerFailed
@@ -71,6 +72,10 @@ class WorkerSpec:
     rebalance_delay_ms: int
     static: bool = False
     request_timeout_ms: int = 5_000
+    # Workers of the classic protocol (`coordinator/workers/classic.py`), by name, and the
+    # units their leader hands out (a Connect leader reads them from its config topic).
+    classic_workers: tuple[str, ...] = ()
+    units: tuple[tuple[str, int], ...] = ()
 
     def assignors(self) -> list[ClientSideAssignor]:
         kind, _, name = self.assignor.partition(":")
@@ -208,9 +213,21 @@ class WorkerHost:
         return list(self._slots)
 
     # ------------------------------------------------------------------ lifetime of workers
-    def _new_worker(self, slot: _Slot) -> Worker:
+    def _new_worker(self, slot: _Slot) -> Any:
         spec = self.spec
         slot.incarnation += 1
+        if slot.name in spec.classic_workers:
+            classic_link = slot.link
+            units = frozenset((name, task) for name, task in spec.units)
+
+            async def classic_connect() -> Any:
+                return await classic_link.connect(spec.host, spec.port, slot.name)
+
+            return ClassicWorker(
+                slot.name, spec.group, (spec.host, spec.port), self.registry, lambda: units,
+                session_timeout_ms=spec.session_timeout_ms,
+                heartbeat_interval_ms=max(100, spec.session_timeout_ms // 4),
+                rebalance_timeout_ms=spec.rebalance_timeout_ms, connect=classic_connect)
         # A restarted Connect worker gets a new member id; a static one keeps its instance id.
         member_id = f"{slot.name}-{slot.incarnation}-{uuid.uuid4().hex[:8]}"
         config = WorkerConfig(

@@ -215,6 +215,7 @@ class Options:
     static: bool
     group_config: dict[str, Any]
     progress: bool
+    classic_workers: int = 0
 
 
 class Simulation:
@@ -278,7 +279,11 @@ class Simulation:
             host=options.host, port=options.port, group=group, assignor=options.assignor,
             session_timeout_ms=self.session_timeout_ms,
             rebalance_timeout_ms=options.rebalance_timeout_ms, rebalance_delay_ms=delay,
-            static=options.static)
+            static=options.static,
+            # The last N workers speak the classic protocol (bridged into the group).
+            classic_workers=tuple(self.names[len(self.names) - options.classic_workers:])
+            if options.classic_workers else (),
+            units=tuple(sorted(self.units)))
 
     async def open_hosts(self, nursery: trio.Nursery, spec: WorkerSpec) -> None:
         processes = self.options.processes
@@ -629,6 +634,10 @@ def build_parser() -> argparse.ArgumentParser:
                              "group's config (default: the group's config)")
     parser.add_argument("--rebalance-timeout-ms", type=int, default=60_000, metavar="MS",
                         help="the workers' rebalance timeout (default %(default)s)")
+    parser.add_argument("--classic-workers", type=int, default=0, metavar="N",
+                        help="of the workers, N speak Kafka's classic group protocol "
+                             "(JoinGroup/SyncGroup), as released Connect workers do "
+                             "(default %(default)s)")
     parser.add_argument("--static", action="store_true",
                         help="static members: each worker's name is its instance id")
     parser.add_argument("--group-config", action="append", default=[], metavar="KEY=VALUE",
@@ -681,6 +690,8 @@ def options_from(args: argparse.Namespace) -> Options:
             os.cpu_count() or 1, math.ceil(args.workers / WORKERS_PER_PROCESS))
     if processes < 1:
         raise SimulationError("--processes must be at least 1")
+    if not 0 <= args.classic_workers <= args.workers:
+        raise SimulationError("--classic-workers must be between 0 and --workers")
     return Options(
         host=host, port=port, admin=args.admin, group=args.group, workers=args.workers,
         connectors=args.connectors, tasks_per_connector=args.tasks_per_connector,
@@ -691,7 +702,8 @@ def options_from(args: argparse.Namespace) -> Options:
         chaos_interval_s=args.chaos_interval, converge_timeout_s=args.converge_timeout,
         rebalance_delay_ms=args.rebalance_delay_ms,
         rebalance_timeout_ms=args.rebalance_timeout_ms, static=args.static,
-        group_config=group_config, progress=not args.quiet)
+        group_config=group_config, progress=not args.quiet,
+        classic_workers=args.classic_workers)
 
 
 def summary(report: dict[str, Any]) -> list[str]:

@@ -2,6 +2,8 @@
 # Do not edit: change the JSON and run `python -m protocol.generate`.
 """Every generated message and record class, and the common structs."""
 
+from protocol.messages.classic_bridge_member_key import ClassicBridgeMemberKey
+from protocol.messages.classic_bridge_member_value import ClassicBridgeMemberValue
 from protocol.messages.classic_group_member_key import ClassicGroupMemberKey
 from protocol.messages.classic_group_member_value import ClassicGroupMemberValue
 from protocol.messages.classic_group_metadata_key import ClassicGroupMetadataKey
@@ -53,6 +55,8 @@ from protocol.messages.connect_group_target_assignment_metadata_value import (
 )
 
 __all__ = [
+    "ClassicBridgeMemberKey",
+    "ClassicBridgeMemberValue",
     "ClassicGroupMemberKey",
     "ClassicGroupMemberValue",
     "ClassicGroupMetadataKey",

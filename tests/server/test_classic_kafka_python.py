@@ -107,6 +107,7 @@ class ConnectMember(kafka_base.BaseCoordinator):  # type: ignore[misc]
         self.held: frozenset[Unit] = frozenset()
         self.holdings = holdings
         self.generation_seen = -1
+        self.joined_as = ""
         self.client = kafka_net.KafkaNetClient(bootstrap_servers=f"127.0.0.1:{port}",
                                                client_id=name)
         self.client._manager._net.start()
@@ -148,6 +149,7 @@ class ConnectMember(kafka_base.BaseCoordinator):  # type: ignore[misc]
         self.holdings.take(self.name, assignment.assigned)
         self.held = self.held | assignment.assigned
         self.generation_seen = generation
+        self.joined_as = member_id
         if assignment.revoked:
             self.request_rejoin()  # the next JoinGroup's allocation acknowledges it
 
@@ -242,3 +244,74 @@ async def test_kafka_python_members_converge_without_double_holding(
         await trio.to_thread.run_sync(member.leave)
     assert holdings.violations == []
     assert len(members) == 2
+
+
+async def test_kafka_python_members_in_a_connect_group_beside_new_protocol_workers(
+        nursery: trio.Nursery) -> None:
+    """The bridge: classic members and new-protocol fake workers in one connect group."""
+    from coordinator.workers.assignors import IncrementalCooperativeAssignor
+    from coordinator.workers.registry import UnitRegistry
+    from coordinator.workers.state import WorkerConfig
+    from coordinator.workers.worker import Worker
+
+    config = ServerConfig(assignment_interval_ms=0, assignor_offload_enable=False,
+                          shutdown_timeout_ms=2_000, classic_min_session_timeout_ms=1_000)
+    handle: ServerHandle = await nursery.start(run_server, config, ("127.0.0.1", 0),
+                                               ("127.0.0.1", 0))
+    await handle.runtime.put_connector(GROUP, "source", 4)  # a connect group
+    await handle.runtime.put_connector(GROUP, "sink", 3)
+    holdings = Holdings()
+    registry = UnitRegistry()
+    fake = [Worker(WorkerConfig(group_id=GROUP, worker_url=f"http://{name}:8083",
+                                rebalance_timeout_ms=5_000, session_timeout_ms=6_000,
+                                retry_backoff_ms=20, retry_backoff_max_ms=200),
+                   registry, address=("127.0.0.1", handle.kafka_port),
+                   assignors=[IncrementalCooperativeAssignor(300)], request_timeout_ms=2_000,
+                   name=name) for name in ("f1",)]
+    members: list[ConnectMember] = []
+    stop = threading.Event()
+    violations: list[str] = []
+
+    def check() -> bool:
+        seen: dict[Unit, str] = {}
+        holders = [(m.name, m.held) for m in members] + [
+            (w.name, w.running_units) for w in fake]
+        for name, held in holders:
+            for unit in held:
+                if unit in seen:
+                    violations.append(f"{unit} held by {seen[unit]} and {name}")
+                seen[unit] = name
+        group = handle.runtime.core.store.groups[GROUP]
+        # Connect's assignor balances connectors and tasks apart: every worker gets some.
+        return (frozenset(seen) == UNITS and all(held for _, held in holders)
+                and group.state == "STABLE"
+                and all(m.joined_as in group.members
+                        and group.members[m.joined_as].current.assigned == m.held
+                        for m in members))
+
+    async with trio.open_nursery() as workers, trio.open_nursery() as threads:
+        try:
+            for worker in fake:
+                await workers.start(worker.run)
+            for name in ("c1", "c2"):
+                member = await trio.to_thread.run_sync(ConnectMember, name,
+                                                       handle.kafka_port, holdings)
+                members.append(member)
+                threads.start_soon(trio.to_thread.run_sync, run_member, member, stop,
+                                   members)
+            with trio.fail_after(40):
+                while not check():  # noqa: ASYNC110 - state of other threads and tasks
+                    await trio.sleep(0.05)
+        finally:
+            stop.set()  # (the member threads cannot be cancelled, only told to stop)
+            workers.cancel_scope.cancel()
+    assert violations == []
+    from coordinator.server.admin import group_view
+    view = group_view(handle.runtime, GROUP)
+    assert view["type"] == "connect"
+    assert sorted(m["protocol"] for m in view["members"]) == ["classic", "classic", "connect"]
+    leaving = members.pop()
+    await trio.to_thread.run_sync(leaving.leave)
+    for member in members:
+        await trio.to_thread.run_sync(member.leave)
+    assert violations == []

@@ -5,6 +5,7 @@ parked JoinGroup holds its connection's later answers, as a broker's does)."""
 from __future__ import annotations
 
 import importlib
+import re
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -16,6 +17,7 @@ from coordinator.config import ServerConfig
 from coordinator.server.app import ServerHandle, run_server
 from protocol import classic as wire
 from protocol.errors import ErrorCode
+from tests.server.conftest import http
 
 E = ErrorCode
 CONFIG = ServerConfig(assignment_interval_ms=0, assignor_offload_enable=False,
@@ -192,6 +194,24 @@ async def test_join_barrier_sync_heartbeat_and_leave_over_tcp(server: ServerHand
     assert missing.group_state == "Dead"
     assert [(g.group_id, g.group_state, g.group_type) for g in listed.groups] == [
         ("g", "Stable", "classic")]
+    # The admin API and the metrics show it as a classic group.
+    status, view = await http(server, "GET", "/groups/g")
+    assert status == 200 and view["type"] == "classic" and view["state"] == "Stable"
+    assert view["generation"] == generation and view["protocol"] == "sessioned"
+    assert {m["member_id"]: m["protocol"] for m in view["members"]} == {
+        a: "classic", b: "classic"}
+    status, listing = await http(server, "GET", "/groups")
+    assert [(g["group_id"], g["type"]) for g in listing["groups"]] == [("g", "classic")]
+    status, text = await http(server, "GET", "/metrics")
+    assert 'connect_coordinator_classic_groups{state="Stable"} 1.0' in text
+    joined = re.search(
+        r'connect_coordinator_classic_rebalances_total\{reason="member_joined"\} (\S+)', text)
+    assert joined is not None and float(joined.group(1)) >= 1
+    assert "connect_coordinator_classic_members 2.0" in text
+    # A classic group with members is not turned into a connect group by the admin API.
+    status, refused = await http(server, "PUT", "/groups/g/connectors/A", {"tasks": 1})
+    assert status == 409 and refused["error"] == "INCONSISTENT_GROUP_PROTOCOL"
+    assert "g" not in server.runtime.core.store.groups
     # LeaveGroup v5 batch: one known, one unknown.
     body = request(wire.LEAVE_GROUP, 5, group_id="g", members=(
         request(wire.LEAVE_GROUP, 5, "MemberIdentity", member_id=b),

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 import trio
 
@@ -230,3 +231,21 @@ def test_chaos_run_with_every_kind_keeps_units_single(supervised_coordinator: An
     assert report["final"]["units_running"] == 24
     assert finished.returncode == 0, finished.stdout + finished.stderr
     assert "violations: 0" in finished.stdout
+
+
+CLASSIC_FAST = msgspec.structs.replace(FAST, classic_min_session_timeout_ms=1_000,
+                                       initial_rebalance_delay_ms=0)
+
+
+async def test_classic_workers_mix_in_and_keep_units_single(nursery: trio.Nursery) -> None:
+    handle: ServerHandle = await nursery.start(run_server, CLASSIC_FAST, ("127.0.0.1", 0),
+                                               ("127.0.0.1", 0))
+    report = await simulate_against(handle, "--duration", "6", "--classic-workers", "2",
+                                    "--chaos", "kill,bounce", "--chaos-interval", "2",
+                                    "--downtime", "0.2", "--converge-timeout", "15")
+    assert report["violations"] == []
+    assert report["converged"] is True
+    assert report["final"]["units_running"] == report["final"]["units"] == 8
+    bridged = handle.runtime.core.store.classic.bridged
+    assert any(member_id.startswith("worker-") for _, member_id in bridged)
+    handle.stop()

@@ -257,6 +257,11 @@ class ClassicEngine:
         self.new_member_id = new_member_id
         # Whether a group id belongs to a group of another type (a connect group).
         self.other_type = other_type
+        # Classic members of connect groups go to the bridge (set by the coordinator).
+        self.bridge: Any = None
+
+    def _bridged(self, group_id: str) -> bool:
+        return self.bridge is not None and self.bridge.handles(group_id)
 
     # ------------------------------------------------------------------ derived timers
     def timers(self, now_ms: int, group_ids: Iterable[str] | None = None) -> list[TimerOp]:
@@ -298,6 +303,14 @@ class ClassicEngine:
 
     # ------------------------------------------------------------------ JoinGroup
     def join(self, request: JoinRequest, now_ms: int) -> Result[JoinAnswer | Parked]:
+        if self.bridge is not None and (
+                self.bridge.handles(request.group_id)
+                or (request.group_id not in self.store.groups
+                    and self.config.classic_group_type == "connect")):
+            # A connect group, or a new group that classic joiners put on the connect
+            # engine (group.connect.classic.group.type=connect).
+            bridged: Result[JoinAnswer | Parked] = self.bridge.join(request, now_ms)
+            return bridged
         change = _Change(self.store)
         try:
             response: JoinAnswer | Parked = self._join(request, change, now_ms)
@@ -616,6 +629,9 @@ class ClassicEngine:
 
     # ------------------------------------------------------------------ SyncGroup
     def sync(self, request: SyncRequest, now_ms: int) -> Result[SyncAnswer | Parked]:
+        if self._bridged(request.group_id):
+            bridged: Result[SyncAnswer | Parked] = self.bridge.sync(request, now_ms)
+            return bridged
         change = _Change(self.store)
         try:
             response: SyncAnswer | Parked = self._sync(request, change, now_ms)
@@ -700,6 +716,9 @@ class ClassicEngine:
 
     # ------------------------------------------------------------------ Heartbeat
     def heartbeat(self, request: HeartbeatRequest, now_ms: int) -> Result[HeartbeatAnswer]:
+        if self._bridged(request.group_id):
+            bridged: Result[HeartbeatAnswer] = self.bridge.heartbeat(request, now_ms)
+            return bridged
         change = _Change(self.store)
         try:
             group, member = self._member_of(request.group_id, request.member_id,
@@ -718,6 +737,9 @@ class ClassicEngine:
 
     # ------------------------------------------------------------------ LeaveGroup
     def leave(self, request: LeaveRequest, now_ms: int) -> Result[LeaveAnswer]:
+        if self._bridged(request.group_id):
+            bridged: Result[LeaveAnswer] = self.bridge.leave(request, now_ms)
+            return bridged
         change = _Change(self.store)
         group = self.store.groups.get(request.group_id)
         if group is None:

@@ -16,6 +16,8 @@ from typing import Any
 
 from coordinator.core.result import Record
 from protocol.messages import (
+    ClassicBridgeMemberKey,
+    ClassicBridgeMemberValue,
     ClassicGroupMemberKey,
     ClassicGroupMemberValue,
     ClassicGroupMetadataKey,
@@ -23,7 +25,7 @@ from protocol.messages import (
 )
 from protocol.messages.classic_group_member_value import Protocol
 
-CLASSIC_KEY_TYPES = (ClassicGroupMetadataKey, ClassicGroupMemberKey)
+CLASSIC_KEY_TYPES = (ClassicGroupMetadataKey, ClassicGroupMemberKey, ClassicBridgeMemberKey)
 
 
 class ClassicState(enum.IntEnum):
@@ -121,11 +123,19 @@ def member_record(group_id: str, member_id: str,
     return Record(ClassicGroupMemberKey(group_id=group_id, member_id=member_id), member)
 
 
+def bridge_record(group_id: str, member_id: str,
+                  value: ClassicBridgeMemberValue | None) -> Record:
+    return Record(ClassicBridgeMemberKey(group_id=group_id, member_id=member_id), value)
+
+
 class ClassicStore:
-    """All classic groups, plus `replay`: the one way their state changes."""
+    """All classic groups, plus `replay`: the one way their state changes. Also the
+    classic members of connect groups (`bridged`: (group id, member id) -> what the
+    bridge keeps of each)."""
 
     def __init__(self) -> None:
         self.groups: dict[str, ClassicGroup] = {}
+        self.bridged: dict[tuple[str, str], ClassicBridgeMemberValue] = {}
 
     def member_count(self) -> int:
         return sum(len(group.members) for group in self.groups.values())
@@ -134,6 +144,12 @@ class ClassicStore:
         self.apply(record.key, record.value)
 
     def apply(self, key: Any, value: Any) -> None:
+        if isinstance(key, ClassicBridgeMemberKey):
+            if value is None:
+                self.bridged.pop((key.group_id, key.member_id), None)
+            else:
+                self.bridged[key.group_id, key.member_id] = value
+            return
         if isinstance(key, ClassicGroupMetadataKey):
             if value is None:
                 self.groups.pop(key.group_id, None)
@@ -165,6 +181,8 @@ class ClassicStore:
     def current_record(self, key: Any) -> Record:
         """The record that describes what the state holds for `key` now (None: nothing);
         replaying it undoes any later record with the same key."""
+        if isinstance(key, ClassicBridgeMemberKey):
+            return Record(key, self.bridged.get((key.group_id, key.member_id)))
         group = self.groups.get(key.group_id)
         if isinstance(key, ClassicGroupMetadataKey):
             return Record(key, group.meta if group else None)

@@ -1,0 +1,415 @@
+"""Classic members in a connect group: JoinGroup/SyncGroup/Heartbeat/LeaveGroup told as
+the connect engine's own requests, and its answers told back in Connect's classic terms.
+
+Theory of operation. A classic member is a connect-group member like any other; the
+bridge only translates, through the connect engine's public operations (heartbeat,
+prepare, install), so revoke-before-assign, fencing and durability are the engine's:
+
+- JoinGroup (v4+ without a member id and without an instance id: MEMBER_ID_REQUIRED and a
+  fresh id first) is a join at epoch 0 for a member the group does not know, else a
+  heartbeat at the member's epoch whose owned units are the `allocation` of its Connect
+  metadata (version 0, eager: nothing) and whose client assignor is its protocols
+  (`sessioned`/`compatible`: incremental-cooperative 1-2 or 1-1, `default`: eager 0).
+  New metadata bytes are new assignor metadata: the group epoch moves. There is no
+  barrier: the answer is sent once the records are durable. Its generation is the
+  member epoch; it is answered as leader, with every member's metadata (its allocation
+  being what the coordinator knows it holds), only when it is the worker chosen to
+  compute a client-side assignment.
+- The chosen worker's SyncGroup is its Install for the group epoch Prepare handed out:
+  each member's part is its allocation minus what it revokes plus what it is granted.
+  An invalid one changes nothing; its sender is told REBALANCE_IN_PROGRESS.
+- Every SyncGroup is answered with the member's reconciled assignment in Connect's
+  incremental form: the units granted beyond its allocation and the ones to revoke now
+  (version 0: the whole set), the group's Connect leader, the highest config offset.
+- Heartbeat answers REBALANCE_IN_PROGRESS when the member must rejoin to make progress:
+  it must release units, a newer epoch waits for it, what it may run changed, or it was
+  chosen to compute the assignment.
+- LeaveGroup is a leave (epoch -1; -2 for a static member, which keeps its units for its
+  session).
+
+What the bridge keeps of a member (its protocol, its last allocation, what it was last
+told) is a record of its own (`ClassicBridgeMember`), so it survives a restart.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import TYPE_CHECKING, Any
+
+from coordinator.connect_protocol import (
+    EAGER_VERSION,
+    PROTOCOL_VERSIONS,
+    ConnectAssignment,
+    ConnectProtocolError,
+    WorkerMetadata,
+    decode_assignment,
+    decode_worker_metadata,
+    encode_assignment,
+    encode_worker_metadata,
+)
+from coordinator.core.classic.engine import (
+    PROTOCOL_TYPE,
+    HeartbeatAnswer,
+    HeartbeatRequest,
+    JoinAnswer,
+    JoinMember,
+    JoinRequest,
+    LeaveAnswer,
+    LeaveRequest,
+    SyncAnswer,
+    SyncRequest,
+)
+from coordinator.core.classic.state import ClassicStore, bridge_record
+from coordinator.core.group import units_to_wire
+from coordinator.core.reconcile import MemberState
+from coordinator.core.result import SESSION_TIMER, Event, Result, TimerSet
+from coordinator.units import Unit
+from protocol.errors import ErrorCode
+from protocol.messages import (
+    ClassicBridgeMemberValue,
+    ConnectGroupHeartbeatRequest,
+    ConnectGroupInstallAssignmentRequest,
+    ConnectGroupPrepareAssignmentRequest,
+)
+from protocol.messages.connect_group_heartbeat_request import ClientAssignor
+from protocol.messages.connect_group_install_assignment_request import MemberAssignment
+
+if TYPE_CHECKING:
+    from coordinator.core.coordinator import GroupCoordinator
+
+INCREMENTAL_COOPERATIVE = "incremental-cooperative"
+EAGER = "eager"
+NO_UNITS: frozenset[Unit] = frozenset()
+
+# The connect engine's errors told in classic terms.
+_JOIN_ERRORS = {
+    ErrorCode.FENCED_MEMBER_EPOCH: ErrorCode.UNKNOWN_MEMBER_ID,
+    ErrorCode.UNRELEASED_INSTANCE_ID: ErrorCode.FENCED_INSTANCE_ID,
+    ErrorCode.UNSUPPORTED_ASSIGNOR: ErrorCode.INCONSISTENT_GROUP_PROTOCOL,
+    ErrorCode.INVALID_REQUEST: ErrorCode.INCONSISTENT_GROUP_PROTOCOL,
+}
+
+
+def _merge(results: list[Result[Any]], response: Any) -> Result[Any]:
+    """One result for changes made one after the other (each already applied)."""
+    merged: Result[Any] = Result(response)
+    for result in results:
+        merged.records.extend(result.records)
+        merged.timers.extend(result.timers)
+        merged.events.extend(result.events)
+        merged.jobs.extend(result.jobs)
+        merged.releases.extend(result.releases)
+    for result in reversed(results):  # undo: newest first
+        merged.undo.extend(result.undo)
+    return merged
+
+
+def _client_assignors(protocols: tuple[tuple[str, bytes], ...]) -> tuple[ClientAssignor, ...]:
+    """A classic member's protocols as the client assignors it counts as listing."""
+    versions = [PROTOCOL_VERSIONS[name] for name, _ in protocols if name in PROTOCOL_VERSIONS]
+    metadata = {PROTOCOL_VERSIONS[name]: data for name, data in protocols
+                if name in PROTOCOL_VERSIONS}
+    assignors = []
+    cooperative = sorted(v for v in versions if v >= 1)
+    if cooperative:
+        top = cooperative[-1]
+        assignors.append(ClientAssignor(name=INCREMENTAL_COOPERATIVE, minimum_version=1,
+                                        maximum_version=top, reason=0, version=top,
+                                        metadata=metadata[top]))
+    if EAGER_VERSION in versions:
+        assignors.append(ClientAssignor(name=EAGER, minimum_version=0, maximum_version=0,
+                                        reason=0, version=0, metadata=metadata[EAGER_VERSION]))
+    return tuple(assignors)
+
+
+def _units_bytes(units: frozenset[Unit]) -> bytes:
+    return encode_assignment(ConnectAssignment(1, assigned=units)) if units else b""
+
+
+def _units_of(blob: bytes) -> frozenset[Unit]:
+    return decode_assignment(blob).assigned if blob else NO_UNITS
+
+
+class ClassicBridge:
+    """Classic members of connect groups; see the module docstring."""
+
+    def __init__(self, core: GroupCoordinator, store: ClassicStore) -> None:
+        self.core = core
+        self.store = store
+
+    def handles(self, group_id: str) -> bool:
+        return group_id in self.core.store.groups
+
+    # ------------------------------------------------------------------ JoinGroup
+    def join(self, request: JoinRequest, now_ms: int) -> Result[JoinAnswer]:
+        member_id = request.member_id
+        if request.protocol_type != PROTOCOL_TYPE:
+            return Result(JoinAnswer(ErrorCode.INCONSISTENT_GROUP_PROTOCOL, member_id))
+        preferred = next(((name, data) for name, data in request.protocols
+                          if name in PROTOCOL_VERSIONS), None)
+        if preferred is None:
+            return Result(JoinAnswer(ErrorCode.INCONSISTENT_GROUP_PROTOCOL, member_id))
+        try:
+            metadata = decode_worker_metadata(preferred[1])
+        except ConnectProtocolError as error:
+            return Result(JoinAnswer(ErrorCode.INCONSISTENT_GROUP_PROTOCOL, member_id),
+                          events=[Event("classic_join_refused", request.group_id,
+                                        member_id or None, {"reason": str(error)})])
+        if not member_id:
+            member_id = f"{request.client_id or 'member'}-{uuid.uuid4()}"
+            if request.instance_id is None and request.require_known_member_id:
+                return Result(JoinAnswer(ErrorCode.MEMBER_ID_REQUIRED, member_id))
+        group = self.core.store.groups.get(request.group_id)
+        known = group.members.get(member_id) if group is not None else None
+        allocation = metadata.allocation.assigned \
+            if metadata.allocation is not None and metadata.version >= 1 else NO_UNITS
+        results: list[Result[Any]] = []
+        heartbeat = ConnectGroupHeartbeatRequest(
+            group_id=request.group_id, member_id=member_id,
+            member_epoch=known.current.epoch if known is not None else 0,
+            instance_id=request.instance_id, worker_url=metadata.url or "unknown",
+            rebalance_timeout_ms=request.rebalance_timeout_ms,
+            client_assignors=_client_assignors(request.protocols),
+            owned_connectors_and_tasks=units_to_wire(allocation) if known is not None
+            else None)
+        result = self.core.heartbeat(heartbeat, now_ms)
+        results.append(result)
+        code = ErrorCode(result.response.error_code)
+        if code not in (ErrorCode.NONE, ErrorCode.COMPUTE_ASSIGNMENT):
+            return _merge(results, JoinAnswer(_JOIN_ERRORS.get(code, code), member_id))
+        epoch = int(result.response.member_epoch)
+        protocol = self._protocol_name(request.group_id, request.protocols)
+        previous = self.store.bridged.get((request.group_id, member_id))
+        bridged = ClassicBridgeMemberValue(
+            protocol_name=protocol, session_timeout_ms=request.session_timeout_ms,
+            config_offset=metadata.config_offset, allocation=_units_bytes(allocation),
+            told_epoch=previous.told_epoch if previous else -1,
+            told=previous.told if previous else b"")
+        record = bridge_record(request.group_id, member_id, bridged)
+        bridge_change: Result[Any] = Result(None, [record],
+                                            undo=[self.store.current_record(record.key)])
+        self.store.replay(record)
+        results.append(bridge_change)
+        self._own_session(result, request.group_id, member_id, request.session_timeout_ms,
+                          now_ms)
+        leader, members = "", tuple[JoinMember, ...]()
+        if code == ErrorCode.COMPUTE_ASSIGNMENT:
+            prepared = self.core.prepare_assignment(ConnectGroupPrepareAssignmentRequest(
+                group_id=request.group_id, member_id=member_id, member_epoch=epoch), now_ms)
+            results.append(prepared)
+            if prepared.response.error_code == ErrorCode.NONE:
+                leader = member_id
+                members = tuple(self._leader_view(request.group_id, m)
+                                for m in prepared.response.members)
+        return _merge(results, JoinAnswer(ErrorCode.NONE, member_id, epoch, PROTOCOL_TYPE,
+                                          protocol, leader, members))
+
+    @staticmethod
+    def _own_session(result: Result[Any], group_id: str, member_id: str, timeout_ms: int,
+                     now_ms: int) -> None:
+        """A classic member's session is the one its JoinGroup asked for: its session
+        timer, armed by the heartbeat at the group's timeout, is moved to its own."""
+        if any(isinstance(op, TimerSet) and op.key == (SESSION_TIMER, group_id, member_id)
+               for op in result.timers):
+            result.timers.append(TimerSet((SESSION_TIMER, group_id, member_id),
+                                          now_ms + timeout_ms))
+
+    def _leader_view(self, group_id: str, prepared: Any) -> JoinMember:
+        """A member's metadata for the leader, its allocation being what it holds."""
+        group = self.core.store.groups[group_id]
+        member = group.members.get(prepared.member_id)
+        held = member.current.held if member is not None else NO_UNITS
+        data = prepared.assignor.metadata
+        try:
+            metadata = decode_worker_metadata(data)
+            if metadata.version >= 1:
+                allocation = ConnectAssignment(metadata.version, assigned=held)
+                data = encode_worker_metadata(WorkerMetadata(
+                    metadata.version, metadata.url, metadata.config_offset, allocation))
+        except ConnectProtocolError:
+            pass  # told as the member sent it
+        return JoinMember(prepared.member_id, prepared.instance_id, data)
+
+    def _protocol_name(self, group_id: str, protocols: tuple[tuple[str, bytes], ...]) -> str:
+        """The protocol of the group's assignor and version, as the member knows it."""
+        group = self.core.store.groups.get(group_id)
+        names = [name for name, _ in protocols if name in PROTOCOL_VERSIONS]
+        if group is not None:
+            _, assignor = self.core._group_mode(group)  # the engine's choice of assignor
+            if assignor == EAGER and "default" in names:
+                return "default"
+            if assignor == INCREMENTAL_COOPERATIVE:
+                lowest_top = min(
+                    (max((a.maximum_version for a in m.metadata.client_assignors
+                          if a.name == INCREMENTAL_COOPERATIVE), default=2)
+                     for m in group.members.values() if m.metadata is not None), default=2)
+                for name in names:
+                    if 1 <= PROTOCOL_VERSIONS[name] <= lowest_top:
+                        return name
+        return names[0]
+
+    # ------------------------------------------------------------------ SyncGroup
+    def sync(self, request: SyncRequest, now_ms: int) -> Result[SyncAnswer]:
+        group = self.core.store.groups.get(request.group_id)
+        member = group.members.get(request.member_id) if group is not None else None
+        bridged = self.store.bridged.get((request.group_id, request.member_id))
+        if group is None or member is None or bridged is None:
+            return Result(SyncAnswer(ErrorCode.UNKNOWN_MEMBER_ID))
+        if request.generation != member.current.epoch:
+            return Result(SyncAnswer(ErrorCode.ILLEGAL_GENERATION))
+        results: list[Result[Any]] = []
+        prepared = group.prepared
+        if group.chosen_member == request.member_id and prepared is not None:
+            installed = self._install(group, request, prepared.group_epoch, now_ms)
+            results.append(installed)
+            if installed.response is not None:
+                return _merge(results, SyncAnswer(ErrorCode.REBALANCE_IN_PROGRESS))
+        # A heartbeat keeps its session and moves it as far as it can go now.
+        beat = self.core.heartbeat(ConnectGroupHeartbeatRequest(
+            group_id=request.group_id, member_id=request.member_id,
+            member_epoch=member.current.epoch, rebalance_timeout_ms=-1), now_ms)
+        self._own_session(beat, request.group_id, request.member_id,
+                          bridged.session_timeout_ms, now_ms)
+        results.append(beat)
+        member = group.members.get(request.member_id)
+        if member is None:
+            return _merge(results, SyncAnswer(ErrorCode.UNKNOWN_MEMBER_ID))
+        allocation = _units_of(bridged.allocation)
+        now_holds = member.current.assigned
+        version = PROTOCOL_VERSIONS.get(bridged.protocol_name, 1)
+        leader, leader_url, offset = self._connect_leader(request.group_id)
+        if version == EAGER_VERSION:
+            told = ConnectAssignment(EAGER_VERSION, 0, leader, leader_url, offset, now_holds)
+        else:
+            told = ConnectAssignment(version, 0, leader, leader_url, offset,
+                                     now_holds - allocation, allocation - now_holds)
+        value = ClassicBridgeMemberValue(
+            protocol_name=bridged.protocol_name, session_timeout_ms=bridged.session_timeout_ms,
+            config_offset=bridged.config_offset, allocation=bridged.allocation,
+            told_epoch=member.current.epoch, told=_units_bytes(now_holds))
+        record = bridge_record(request.group_id, request.member_id, value)
+        results.append(Result(None, [record], undo=[self.store.current_record(record.key)]))
+        self.store.replay(record)
+        return _merge(results, SyncAnswer(ErrorCode.NONE, PROTOCOL_TYPE, bridged.protocol_name,
+                                          encode_assignment(told)))
+
+    def _install(self, group: Any, request: SyncRequest, group_epoch: int,
+                 now_ms: int) -> Result[str | None]:
+        """The chosen worker's assignment as an Install; `response` is None when it took,
+        else the reason it did not."""
+        parts = []
+        error = 0
+        try:
+            for member_id, blob in request.assignments:
+                assignment = decode_assignment(blob)
+                error = max(error, assignment.error)
+                member = group.members.get(member_id)
+                holds = member.current.held if member is not None else NO_UNITS
+                units = assignment.assigned if assignment.version == EAGER_VERSION \
+                    else (holds - assignment.revoked) | assignment.assigned
+                parts.append(MemberAssignment(member_id=member_id, assigned=units_to_wire(units),
+                                              version=assignment.version, metadata=blob))
+        except ConnectProtocolError as bad:
+            refused = Event("classic_install_invalid", group.group_id, request.member_id,
+                            {"reason": str(bad)})
+            return Result[str | None](str(bad), events=[refused])
+        installed = self.core.install_assignment(ConnectGroupInstallAssignmentRequest(
+            group_id=group.group_id, member_id=request.member_id,
+            member_epoch=request.generation, group_epoch=group_epoch, error=min(error, 127),
+            members=tuple(parts)), now_ms)
+        reason = None
+        if installed.response.error_code != ErrorCode.NONE:
+            reason = installed.response.error_message or "invalid"
+            installed.events.append(Event("classic_install_invalid", group.group_id,
+                                          request.member_id, {"reason": reason}))
+        return _merge([installed], reason)
+
+    def _connect_leader(self, group_id: str) -> tuple[str, str, int]:
+        """(leader, its url, the highest config offset): the worker that ran the last
+        client-side assignment, else the member with the highest config offset."""
+        group = self.core.store.groups[group_id]
+        best: tuple[int, str, str] | None = None
+        offsets: dict[str, tuple[int, str]] = {}
+        for member_id, member in group.members.items():
+            if member.metadata is None:
+                continue
+            offset = -1
+            for assignor in member.metadata.client_assignors:
+                try:
+                    offset = max(offset, decode_worker_metadata(assignor.metadata).config_offset)
+                except ConnectProtocolError:
+                    continue
+            offsets[member_id] = (offset, member.metadata.worker_url)
+            if best is None or (offset, member_id) > (best[0], best[1]):
+                best = (offset, member_id, member.metadata.worker_url)
+        highest = max((offset for offset, _ in offsets.values()), default=0)
+        chosen = group.chosen_member
+        if chosen is not None and chosen in offsets:
+            return chosen, offsets[chosen][1], max(highest, 0)
+        if best is None:
+            return "", "", 0
+        return best[1], best[2], max(highest, 0)
+
+    # ------------------------------------------------------------------ Heartbeat
+    def heartbeat(self, request: HeartbeatRequest, now_ms: int) -> Result[HeartbeatAnswer]:
+        group = self.core.store.groups.get(request.group_id)
+        member = group.members.get(request.member_id) if group is not None else None
+        bridged = self.store.bridged.get((request.group_id, request.member_id))
+        if group is None or member is None or bridged is None:
+            return Result(HeartbeatAnswer(ErrorCode.UNKNOWN_MEMBER_ID))
+        if request.generation > member.current.epoch:
+            return Result(HeartbeatAnswer(ErrorCode.ILLEGAL_GENERATION))
+        beat = self.core.heartbeat(ConnectGroupHeartbeatRequest(
+            group_id=request.group_id, member_id=request.member_id,
+            member_epoch=member.current.epoch, instance_id=request.instance_id,
+            rebalance_timeout_ms=-1), now_ms)
+        self._own_session(beat, request.group_id, request.member_id,
+                          bridged.session_timeout_ms, now_ms)
+        code = ErrorCode(beat.response.error_code)
+        if code not in (ErrorCode.NONE, ErrorCode.COMPUTE_ASSIGNMENT):
+            return _merge([beat], HeartbeatAnswer(_JOIN_ERRORS.get(code, code)))
+        member = group.members[request.member_id]
+        must_rejoin = (
+            code == ErrorCode.COMPUTE_ASSIGNMENT
+            or member.current.epoch != bridged.told_epoch
+            or member.current.epoch != request.generation
+            or member.current.state is MemberState.UNREVOKED
+            or member.current.assigned != _units_of(bridged.told)
+        )
+        return _merge([beat], HeartbeatAnswer(
+            ErrorCode.REBALANCE_IN_PROGRESS if must_rejoin else ErrorCode.NONE))
+
+    # ------------------------------------------------------------------ LeaveGroup
+    def leave(self, request: LeaveRequest, now_ms: int) -> Result[LeaveAnswer]:
+        results: list[Result[Any]] = []
+        answers: list[tuple[str, str | None, int]] = []
+        group = self.core.store.groups.get(request.group_id)
+        for member_id, instance_id in request.members:
+            target = member_id
+            if instance_id is not None and group is not None:
+                owner = next((m.member_id for m in group.members.values()
+                              if m.metadata is not None and m.metadata.instance_id == instance_id),
+                             None)
+                if owner is None or (member_id and owner != member_id):
+                    code = ErrorCode.UNKNOWN_MEMBER_ID if owner is None \
+                        else ErrorCode.FENCED_INSTANCE_ID
+                    answers.append((member_id, instance_id, int(code)))
+                    continue
+                target = owner
+            if group is None or target not in group.members:
+                answers.append((member_id, instance_id, int(ErrorCode.UNKNOWN_MEMBER_ID)))
+                continue
+            left = self.core.heartbeat(ConnectGroupHeartbeatRequest(
+                group_id=request.group_id, member_id=target,
+                member_epoch=-2 if instance_id is not None else -1,
+                instance_id=instance_id), now_ms)
+            results.append(left)
+            key = (request.group_id, target)
+            if key in self.store.bridged:
+                record = bridge_record(request.group_id, target, None)
+                results.append(Result(None, [record],
+                                      undo=[self.store.current_record(record.key)]))
+                self.store.replay(record)
+            answers.append((member_id, instance_id, int(left.response.error_code)))
+        top = answers[0][2] if len(answers) == 1 else ErrorCode.NONE
+        return _merge(results, LeaveAnswer(top, tuple(answers)))

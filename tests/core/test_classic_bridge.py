@@ -1,0 +1,210 @@
+"""Classic members in a connect group (the bridge), against the core: Connect workers'
+JoinGroup/SyncGroup/Heartbeat loop, with Connect's cooperative assignor on the worker the
+coordinator chooses, beside a new-protocol member; no unit is ever held by two members."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from coordinator.connect_protocol import (
+    ConnectAssignment,
+    WorkerMetadata,
+    decode_assignment,
+    decode_worker_metadata,
+    encode_assignment,
+    encode_worker_metadata,
+)
+from coordinator.core.classic.engine import JoinAnswer, SyncAnswer
+from coordinator.units import Unit, units_of
+from protocol.errors import ErrorCode
+from tests.core.classic_context import ClassicContext
+
+E = ErrorCode
+UNITS = units_of({"A": 3, "B": 2})
+
+
+def cooperative(owned: dict[str, frozenset[Unit]]) -> dict[str, ConnectAssignment]:
+    """Connect's incremental cooperative rule, simply: keep up to a fair share, revoke the
+    rest, grant only units nobody holds."""
+    members = sorted(owned)
+    base, extra = divmod(len(UNITS), len(members))
+    share = {m: base + (i < extra) for i, m in enumerate(members)}
+    held = set().union(*owned.values())
+    free = sorted(UNITS - held)
+    plan = {}
+    for member in members:
+        keep = frozenset(sorted(owned[member])[:share[member]])
+        room = share[member] - len(keep)
+        granted, free = frozenset(free[:room]), free[room:]
+        plan[member] = ConnectAssignment(2, assigned=granted, revoked=owned[member] - keep)
+    return plan
+
+
+class ClassicWorker:
+    """A Connect worker's classic group loop (WorkerCoordinator, cooperative)."""
+
+    def __init__(self, ctx: ClassicContext, name: str) -> None:
+        self.ctx, self.name = ctx, name
+        self.member_id = ""
+        self.generation = -1
+        self.held: frozenset[Unit] = frozenset()
+        self.rejoin = True
+
+    def metadata(self) -> bytes:
+        return encode_worker_metadata(WorkerMetadata(
+            2, f"http://{self.name}", 5, ConnectAssignment(2, assigned=self.held)))
+
+    def step(self) -> None:
+        ctx = self.ctx
+        if not self.rejoin:
+            code = ctx.heartbeat(self.member_id, self.generation)
+            if code == E.NONE:
+                return
+            assert code in (E.REBALANCE_IN_PROGRESS, E.UNKNOWN_MEMBER_ID,
+                            E.ILLEGAL_GENERATION), code
+            if code == E.UNKNOWN_MEMBER_ID:
+                self.member_id = ""
+        answer = ctx.join(self.member_id, protocols=(("sessioned", self.metadata()),
+                                                     ("compatible", self.metadata())),
+                          client_id=self.name)
+        assert isinstance(answer, JoinAnswer)
+        if answer.error == E.MEMBER_ID_REQUIRED:
+            self.member_id = answer.member_id
+            answer = ctx.join(self.member_id, protocols=(("sessioned", self.metadata()),),
+                              client_id=self.name)
+            assert isinstance(answer, JoinAnswer)
+        assert answer.error == E.NONE, answer
+        assert answer.protocol_name == "sessioned"
+        self.generation = answer.generation
+        assignments: dict[str, bytes] = {}
+        if answer.leader == self.member_id:
+            assert answer.members, "a leader is never told an empty member list"
+            owned = {}
+            for member in answer.members:
+                metadata = decode_worker_metadata(member.metadata)
+                owned[member.member_id] = metadata.allocation.assigned \
+                    if metadata.allocation else frozenset()
+            assignments = {m: encode_assignment(a) for m, a in cooperative(owned).items()}
+        synced = ctx.sync(self.member_id, self.generation, assignments=assignments)
+        assert isinstance(synced, SyncAnswer)
+        if synced.error != E.NONE:
+            self.rejoin = True
+            return
+        told = decode_assignment(synced.assignment)
+        assert not (told.assigned and told.revoked), "never revoke and grant at once"
+        self.held = (self.held - told.revoked) | told.assigned
+        self.rejoin = bool(told.revoked)  # Connect rejoins right after revoking
+
+
+def no_double_holding(workers: list[ClassicWorker], extra: dict[str, frozenset[Unit]]
+                      ) -> None:
+    seen: dict[Unit, str] = {}
+    holdings = [(w.name, w.held) for w in workers] + list(extra.items())
+    for name, held in holdings:
+        for unit in held:
+            assert unit not in seen, f"{unit} held by {seen[unit]} and {name}"
+            seen[unit] = name
+
+
+def run(ctx: ClassicContext, workers: list[ClassicWorker], rounds: int = 30) -> None:
+    for _ in range(rounds):
+        for worker in workers:
+            worker.step()
+            no_double_holding(workers, {})
+        ctx.advance(1_000)
+
+
+def test_classic_workers_in_a_connect_group_converge() -> None:
+    ctx = ClassicContext(assignment_interval_ms=0)
+    ctx.apply(ctx.core.put_connector("g", "A", 3, ctx.now))
+    ctx.apply(ctx.core.put_connector("g", "B", 2, ctx.now))
+    workers = [ClassicWorker(ctx, "w1")]
+    run(ctx, workers, 3)
+    assert workers[0].held == UNITS
+    workers.append(ClassicWorker(ctx, "w2"))
+    workers.append(ClassicWorker(ctx, "w3"))
+    run(ctx, workers)
+    assert sorted(len(w.held) for w in workers) == [2, 2, 3]  # 7 units
+    assert frozenset().union(*(w.held for w in workers)) == UNITS
+    group = ctx.core.store.groups["g"]
+    assert group.state == "STABLE"
+    # The coordinator knows what each holds; Describe agrees with the workers.
+    for worker in workers:
+        assert group.members[worker.member_id].current.assigned == worker.held
+    # A worker leaves: its units go to the others.
+    gone = workers.pop()
+    answer = ctx.leave((gone.member_id, None))
+    assert answer.error == E.NONE
+    run(ctx, workers)
+    assert frozenset().union(*(w.held for w in workers)) == UNITS
+
+
+def test_a_new_member_id_join_needs_member_id_first() -> None:
+    ctx = ClassicContext()
+    ctx.apply(ctx.core.put_connector("g", "A", 1, ctx.now))
+    answer = ctx.join("", version=4, protocols=(("sessioned", encode_worker_metadata(
+        WorkerMetadata(2, "http://w", 0))),))
+    assert isinstance(answer, JoinAnswer) and answer.error == E.MEMBER_ID_REQUIRED
+    assert "g" in ctx.core.store.groups and not ctx.core.store.groups["g"].members
+    bad = ctx.join(answer.member_id, protocols=(("sessioned", b"\x00"),))
+    assert isinstance(bad, JoinAnswer) and bad.error == E.INCONSISTENT_GROUP_PROTOCOL
+
+
+def test_restart_keeps_bridged_members(tmp_path: Any) -> None:
+    ctx = ClassicContext(assignment_interval_ms=0)
+    ctx.apply(ctx.core.put_connector("g", "A", 3, ctx.now))
+    ctx.apply(ctx.core.put_connector("g", "B", 2, ctx.now))
+    workers = [ClassicWorker(ctx, "w1"), ClassicWorker(ctx, "w2")]
+    run(ctx, workers, 10)
+    held = {w.member_id: w.held for w in workers}
+    ctx.restart()
+    assert set(ctx.engine.store.bridged) == {("g", w.member_id) for w in workers}
+    for worker in workers:  # they carry on: a heartbeat at their generation is fine
+        assert ctx.heartbeat(worker.member_id, worker.generation) == E.NONE
+        assert ctx.core.store.groups["g"].members[worker.member_id].current.assigned == \
+            held[worker.member_id]
+    del tmp_path
+
+
+def test_an_invalid_classic_install_changes_nothing() -> None:
+    ctx = ClassicContext(assignment_interval_ms=0)
+    ctx.apply(ctx.core.put_connector("g", "A", 1, ctx.now))
+    worker = ClassicWorker(ctx, "w1")
+    worker.step()  # its assignor hands out B too, which the group does not run
+    assert worker.held == frozenset() and worker.rejoin
+    group = ctx.core.store.groups["g"]
+    assert group.assignment_epoch < group.epoch  # no target was installed
+
+
+def test_group_type_connect_puts_a_new_classic_group_on_the_connect_engine() -> None:
+    ctx = ClassicContext(classic_group_type="connect")
+    metadata = encode_worker_metadata(WorkerMetadata(2, "http://w", 0))
+    first = ctx.join("", protocols=(("sessioned", metadata),))
+    assert isinstance(first, JoinAnswer) and first.error == E.MEMBER_ID_REQUIRED
+    answer = ctx.join(first.member_id, protocols=(("sessioned", metadata),))
+    assert isinstance(answer, JoinAnswer) and answer.error == E.NONE
+    assert "g" in ctx.core.store.groups and "g" not in ctx.engine.store.groups
+    assert ("g", first.member_id) in ctx.engine.store.bridged
+    # With the default (classic), the same joiner gets a classic group.
+    classic = ClassicContext()
+    classic.join("", protocols=(("sessioned", metadata),))
+    assert "g" in classic.engine.store.groups and "g" not in classic.core.store.groups
+
+
+def test_a_bridged_member_keeps_the_session_it_asked_for() -> None:
+    ctx = ClassicContext(assignment_interval_ms=0)  # the group's session: 10 s
+    ctx.apply(ctx.core.put_connector("g", "A", 1, ctx.now))
+    metadata = encode_worker_metadata(WorkerMetadata(2, "http://w", 0))
+    patient = ctx.join("", protocols=(("sessioned", metadata),), session_ms=30_000)
+    assert isinstance(patient, JoinAnswer)
+    ctx.join(patient.member_id, protocols=(("sessioned", metadata),), session_ms=30_000)
+    hasty = ctx.join("", protocols=(("sessioned", metadata),), session_ms=6_000)
+    assert isinstance(hasty, JoinAnswer)
+    ctx.join(hasty.member_id, protocols=(("sessioned", metadata),), session_ms=6_000)
+    ctx.advance(7_000)
+    members = ctx.core.store.groups["g"].members
+    assert hasty.member_id not in members and patient.member_id in members
+    ctx.advance(20_000)
+    assert patient.member_id in members
+    ctx.advance(5_000)
+    assert patient.member_id not in ctx.core.store.groups["g"].members
