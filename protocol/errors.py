@@ -1,4 +1,4 @@
-"""Error codes (CONTRACT §4): Kafka's numbers where Kafka has the error, two new ones."""
+"""Error codes (docs/protocol.md): Kafka's numbers where Kafka has the error, two new ones."""
 
 from __future__ import annotations
 

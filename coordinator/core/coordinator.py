@@ -111,7 +111,7 @@ from protocol.messages.connect_group_heartbeat_response import Assignment
 from protocol.messages.connect_group_prepare_assignment_response import Member as PreparedMember
 from protocol.messages.connect_group_prepare_assignment_response import MemberAssignor
 
-# The reserved empty target every new group starts with (seed 004): joiners get epoch 1.
+# The reserved empty target every new group starts with: joiners get epoch 1.
 INITIAL_EPOCH = 1
 
 # Why a member was removed -> the trigger of the group epoch bump that follows.
@@ -327,7 +327,7 @@ class GroupCoordinator:
             )
         )
 
-        # CONTRACT §5.6: on join, when it changed, or on request after an error. A new
+        # (docs/protocol.md) On join, when it changed, or on request after an error. A new
         # member epoch alone is not a change (every member of a group moves to each new
         # target epoch, most keeping their units); a member that did not hear of the epoch
         # it is at (a lost answer) is told everything again.
@@ -748,7 +748,7 @@ class GroupCoordinator:
 
     # ------------------------------------------------------------------ targets
     def _select_mode(self, metadata: Mapping[str, MemberMetadata]) -> tuple[str, str]:
-        """CONTRACT §5.4: server if anyone names one, else a common client assignor."""
+        """Server-side if anyone names one, else a common client assignor (docs/protocol.md)."""
         configured = self.config.server_assignors
         wanted = Counter(m.server_assignor for m in metadata.values() if m.server_assignor)
         if wanted:
@@ -783,7 +783,7 @@ class GroupCoordinator:
         return mode, name
 
     def _interval_left(self, group: Group, now_ms: int) -> int:
-        """Milliseconds until seed 004's assignment interval allows another run (0: now)."""
+        """Milliseconds until the assignment interval allows another run (0: now)."""
         if group.last_assignment_ms < 0:
             return 0
         return max(0, group.last_assignment_ms + self._assignment_interval(group) - now_ms)
@@ -1015,7 +1015,7 @@ class GroupCoordinator:
         for member_id, member_units in outcome.target.items():
             owner = member_id
             if owner not in group.members:
-                # Missed changes (seed 004): a replaced static member hands its part to the
+                # Missed changes: a replaced static member hands its part to the
                 # new instance; a member that is gone loses its part.
                 spec_member = run.spec.members.get(member_id)
                 instance = spec_member.instance_id if spec_member else None

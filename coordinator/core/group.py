@@ -78,7 +78,7 @@ class MemberMetadata:
     client_assignors: tuple[AssignorInfo, ...]
 
     def assignment_inputs_differ(self, other: MemberMetadata) -> bool:
-        """Whether a change needs a new target (seed 001's triggers), not just a record."""
+        """Whether a change needs a new target (the protocol's triggers), not just a record."""
         return (
             self.worker_url != other.worker_url
             or self.server_assignor != other.server_assignor
@@ -262,7 +262,7 @@ class Group:
 
 @dataclass(frozen=True, slots=True)
 class PreparedAssignment:
-    """What Prepare handed out; Install is validated against it (seed 001)."""
+    """What Prepare handed out; Install is validated against it."""
 
     group_epoch: int
     member_ids: frozenset[str]

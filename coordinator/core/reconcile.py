@@ -1,6 +1,6 @@
 """Reconciliation: how one member moves from its current assignment towards its target.
 
-The rules (seed 001 "Member Epoch", KIP-848, CONTRACT §5.6), in order:
+The rules (KIP-848's member epoch rules as docs/protocol.md gives them), in order:
 
 1. A member first releases what its target no longer holds. While it has units pending
    revocation it is UNREVOKED, stays at its epoch and is sent only what it keeps.

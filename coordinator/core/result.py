@@ -125,7 +125,7 @@ NO_SPEC_CHANGES = SpecChanges()
 
 @dataclass(frozen=True, slots=True)
 class AssignorRun:
-    """A server-side assignor run handed to the worker pool (seed 004's offload).
+    """A server-side assignor run handed to the worker pool (offloaded).
 
     The shell runs `assignors[assignor].assign(spec)` off the event loop, bounded by the
     run time limit, and hands the outcome to `GroupCoordinator.complete_assignor_run`.

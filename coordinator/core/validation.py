@@ -1,4 +1,4 @@
-"""Request validation: seed 001's rules and CONTRACT §5.3, each with its own message.
+"""Request validation: the protocol's rules (docs/protocol.md), each with its own message.
 
 Every function raises ApiError(INVALID_REQUEST, message naming the rule) on the first
 broken rule and returns nothing otherwise. They look only at the request (and, for the
