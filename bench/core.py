@@ -45,7 +45,7 @@ def stable_group(members: int, tasks_per_member: int = 2, offload: bool = False,
     """A STABLE group of `members` on `balanced`, running one connector "source" with all
     the tasks (or, with `per_member_connectors`, connector-0... with `tasks_per_member`
     tasks each); with `offload`, its runs are offloaded (and landed here, inline)."""
-    # Joins within one assignment interval share one assignor run (the assignment interval's batching).
+    # Joins within one assignment interval share one assignor run.
     config = ServerConfig(assignment_interval_ms=1_000, assignor_offload_enable=offload)
     core = GroupCoordinator(config, load_assignors(config.server_assignors))
     now = 1_000_000

@@ -954,7 +954,7 @@ class GroupCoordinator:
                           SpecChanges(members_change, previous_change,
                                       self._connectors_change(group)))
         if self._offload(group):
-            # Seed 004: the run goes to the worker pool; heartbeats go on meanwhile.
+            # Offloaded: the run goes to the worker pool; heartbeats go on meanwhile.
             group.assignor_run = run
             change.jobs.append(run)
             change.event("assignor_run_started", group, None, assignor=name, run=run.run_id)
