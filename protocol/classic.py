@@ -167,7 +167,9 @@ def error_body(api_key: int, version: int, code: int, group_ids: tuple[str, ...]
             for group_id in group_ids)
         return build(response_type, groups=groups)
     if api_key == JOIN_GROUP:
-        return build(response_type, error_code=code, generation_id=-1, protocol_name=None)
+        # (The protocol name may be null from v7 on; before, it is a string.)
+        return build(response_type, error_code=code, generation_id=-1,
+                     protocol_name=None if version >= 7 else "")
     if api_key == FIND_COORDINATOR and version >= 4:
         return build(response_type, coordinators=())
     if api_key == METADATA:

@@ -136,6 +136,26 @@ def classic_group_view(runtime: Runtime, group_id: str) -> dict[str, Any] | None
     }
 
 
+def group_view(runtime: Runtime, group_id: str) -> dict[str, Any]:
+    """A group's view as JSON, on the event loop: a classic group's, or a connect group's
+    (raises ApiError when there is no such group)."""
+    classic = classic_group_view(runtime, group_id)
+    if classic is not None:
+        return classic
+    taken = runtime.core.describe_snapshot(group_id)
+    if isinstance(taken, tuple):
+        raise taken[1]
+    return view_of(taken, runtime.core.group_config(group_id),
+                   runtime.core.unassigned_units(group_id), _bridged(runtime, taken))
+
+
+def _bridged(runtime: Runtime, taken: describing.GroupSnapshot) -> frozenset[str]:
+    """The ids of the snapshot's members that speak the classic protocol."""
+    bridged = runtime.core.classic.store.bridged
+    return frozenset(member[0] for member in taken.members
+                     if (taken.group_id, member[0]) in bridged)
+
+
 # A view of a group of more members than this is built in a thread.
 VIEW_OFFLOAD_MEMBERS = 100
 
@@ -267,8 +287,7 @@ def build_admin_app(runtime: Runtime, proxy: ProxyView | None = None) -> Starlet
                 raise taken[1]
             config = runtime.core.group_config(group_id)
             unassigned = runtime.core.unassigned_units(group_id)
-            bridged = frozenset(member[0] for member in taken.members
-                                if (group_id, member[0]) in runtime.core.classic.store.bridged)
+            bridged = _bridged(runtime, taken)
             if len(taken.members) <= VIEW_OFFLOAD_MEMBERS:
                 return JSONResponse(view_of(taken, config, unassigned, bridged))
 

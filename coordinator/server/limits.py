@@ -24,6 +24,7 @@ from coordinator.core.coordinator import GroupCoordinator
 from protocol.guard import ArrayLimit, Limits
 
 HEARTBEAT, PREPARE, INSTALL, DESCRIBE = 1000, 1001, 1002, 1003
+CONNECT_APIS = (HEARTBEAT, PREPARE, INSTALL, DESCRIBE)
 
 
 def _limit(config: ServerConfig, counter: str, field: str) -> ArrayLimit:
@@ -99,6 +100,8 @@ def oversized_field(api_key: int, body: Any, config: ServerConfig) -> str | None
     or None. Proportional to the request's size, which the frame limit bounds."""
     id_key, url_key = FIELD_KEYS["max_id_bytes"], FIELD_KEYS["max_url_bytes"]
     ids = config.max_id_bytes
+    if api_key not in CONNECT_APIS:
+        return _classic_oversized(body, config)
     if api_key == DESCRIBE:
         return _names(config, "GroupIds[]", body.group_ids)
     problem = (too_long("GroupId", body.group_id, ids, id_key)
@@ -121,6 +124,35 @@ def oversized_field(api_key: int, body: Any, config: ServerConfig) -> str | None
                        or _units(config, "Members[].Assigned", member.assigned))
             if problem is not None:
                 return problem
+    return None
+
+
+def _classic_oversized(body: Any, config: ServerConfig) -> str | None:
+    """Kafka's own APIs (classic groups, FindCoordinator, Metadata): the ids a classic
+    group stores are held to the id limit, and the protocol metadata and assignments it
+    keeps to the metadata limit; what the request does not have is not looked at."""
+    id_key, ids = FIELD_KEYS["max_id_bytes"], config.max_id_bytes
+    for field in ("group_id", "member_id", "group_instance_id", "protocol_type"):
+        problem = too_long(field, getattr(body, field, None), ids, id_key)
+        if problem is not None:
+            return problem
+    for protocol in getattr(body, "protocols", None) or ():
+        problem = (too_long("Protocols[].Name", protocol.name, ids, id_key)
+                   or _metadata(config, "Protocols[].Metadata", (protocol.metadata,)))
+        if problem is not None:
+            return problem
+    for assignment in getattr(body, "assignments", None) or ():
+        problem = (too_long("Assignments[].MemberId", assignment.member_id, ids, id_key)
+                   or _metadata(config, "Assignments[].Assignment", (assignment.assignment,)))
+        if problem is not None:
+            return problem
+    for member in getattr(body, "members", None) or ():
+        problem = (too_long("Members[].MemberId", getattr(member, "member_id", None), ids,
+                            id_key)
+                   or too_long("Members[].GroupInstanceId",
+                               getattr(member, "group_instance_id", None), ids, id_key))
+        if problem is not None:
+            return problem
     return None
 
 

@@ -310,3 +310,21 @@ def test_server_loop_shape_answers_an_unsupported_request_and_goes_on() -> None:
         answers.append(request.correlation_id.to_bytes(4, "big"))
     assert answers[0][4:8] == (1).to_bytes(4, "big")
     assert answers[1] == (2).to_bytes(4, "big")
+
+
+@pytest.mark.parametrize("version", range(0, 10))
+def test_an_error_answer_to_every_join_group_version_encodes(version: int) -> None:
+    # A JoinGroup whose body does not parse is answered INVALID_REQUEST in its version;
+    # before v7 the protocol name is a string that cannot be null.
+    from protocol.classic import JOIN_GROUP
+    answer = error_response(JOIN_GROUP, version, 7, ErrorCode.INVALID_REQUEST, "bad")
+    assert answer[4:8] == (7).to_bytes(4, "big")
+
+
+def test_an_error_answer_to_every_classic_api_version_encodes() -> None:
+    from protocol.classic import CLASSIC_APIS
+    for api_key, (_package, low, high) in CLASSIC_APIS.items():
+        for version in range(low, high + 1):
+            answer = error_response(api_key, version, 9, ErrorCode.INVALID_REQUEST, "bad",
+                                    group_ids=("g",))
+            assert answer[4:8] == (9).to_bytes(4, "big"), (api_key, version)
