@@ -30,12 +30,14 @@ def test_three_workers_run_a_verifiable_source_and_sink_through_the_proxy(
     group = "connect-forwarded"
     workers = start_workers(tmp_path, 3, coordinator.bootstrap, group, processes)
     topic = "verifiable-through-proxy"
-    # Created through the last worker: Connect forwards the call to its group's leader.
-    workers[-1].rest("POST", "/connectors", {
+    # Created through two different workers: at least one of them is not the group's
+    # leader, and Connect forwards that call to the leader (whose URL it got in the
+    # group's assignment, through the proxy).
+    workers[2].rest("POST", "/connectors", {
         "name": "source", "config": {
             "connector.class": VERIFIABLE_SOURCE, "tasks.max": str(SOURCE_TASKS),
             "topic": topic, "throughput": "20"}})
-    workers[-1].rest("POST", "/connectors", {
+    workers[1].rest("POST", "/connectors", {
         "name": "sink", "config": {
             "connector.class": VERIFIABLE_SINK, "tasks.max": "2", "topics": topic}})
     source = wait_for(lambda: all_running(workers[0], "source", SOURCE_TASKS), 120,
