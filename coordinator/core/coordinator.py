@@ -1164,8 +1164,10 @@ class GroupCoordinator:
                         target=units_to_wire(group.target.get(m.member_id, EMPTY_TARGET).units),
                     )
                 )
+            from_installs = group.units_source == "installs"
             group.prepared = PreparedAssignment(
-                group.epoch, frozenset(group.members), group.units, name
+                group.epoch, frozenset(group.members), None if from_installs else group.units,
+                name,
             )
             change.event("assignment_prepared", group, request.member_id, assignor=name)
             response = ConnectGroupPrepareAssignmentResponse(
@@ -1174,7 +1176,7 @@ class GroupCoordinator:
                 error_message=None,
                 group_epoch=group.epoch,
                 assignor_name=name,
-                connectors_and_tasks=units_to_wire(group.units),
+                connectors_and_tasks=units_to_wire(group.known_units()),
                 members=tuple(members),
             )
         except ApiError as error:
@@ -1240,7 +1242,7 @@ class GroupCoordinator:
         sound = (
             checked is not None
             and not checked.overlapping
-            and checked.units <= prepared.units
+            and (prepared.units is None or checked.units <= prepared.units)
             and parts_in.keys() <= prepared.member_ids
         )
         seen: set[Unit] = set()
@@ -1250,7 +1252,8 @@ class GroupCoordinator:
                     ErrorCode.INVALID_ASSIGNMENT,
                     f"member {member_id} was not in the group at epoch {prepared.group_epoch}",
                 )
-            unknown = units - prepared.units
+            # (a group that takes its units from its installs runs whatever they name)
+            unknown = units - prepared.units if prepared.units is not None else EMPTY
             if unknown:
                 raise ApiError(
                     ErrorCode.INVALID_ASSIGNMENT,
@@ -1362,7 +1365,7 @@ class GroupCoordinator:
         assignor = group.assignor_name
         if group.members:
             assignor = self._group_mode(group)[1]
-        return describing.snapshot(group, assignor)
+        return describing.snapshot(group, assignor, group.known_units())
 
     def describe_group(self, group_id: str) -> DescribedGroup:
         taken = self.describe_snapshot(group_id)
@@ -1378,7 +1381,7 @@ class GroupCoordinator:
         targeted: set[Unit] = set()
         for part in group.target.values():
             targeted |= part.units
-        return group.units - targeted
+        return group.known_units() - targeted
 
     def group_ids(self) -> list[str]:
         return sorted(self.store.groups)
@@ -1546,6 +1549,9 @@ class GroupCoordinator:
             "connect.assignor.offload.enable":
                 self.config.assignor_offload_enable if offload is None else offload,
             "scheduled.rebalance.max.delay.ms": self._scheduled_delay(group),
+            # where its units come from: `admin` (connectors set through the admin API)
+            # or `installs` (what its client-side assignments hand out)
+            "units.source": group.units_source,
         }
 
     def delete_group(self, group_id: str, now_ms: int) -> Result[dict[str, Any]]:
