@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from coordinator.units import units_of
 from protocol.errors import ErrorCode
-from tests.core.context import Context, units, wire_units
 from tests.core.classic_context import ClassicContext
+from tests.core.context import Context, units, wire_units
 from tests.core.test_classic_bridge import UNITS, ClassicWorker, run
 
 
