@@ -302,7 +302,7 @@ class GroupCoordinator:
             classic = self.store.classic.groups.get(group_id)
             if classic is not None and classic.active():
                 # The first new-protocol join to a classic group with members: upgrade.
-                group = conversion.upgrade(self, classic, change, now_ms)
+                group = conversion.upgrade(self, classic, request, change, now_ms)
             else:
                 self.classic.give_up_empty(group_id, change)
                 group = self._create_group(group_id, change)

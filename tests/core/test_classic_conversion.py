@@ -355,3 +355,17 @@ def test_a_downgrade_that_cannot_be_written_is_rolled_back() -> None:
     group = ctx.core.store.groups["g"]
     assert {m: (v.current, v.metadata) for m, v in group.members.items()} == members_before
     assert "n1" in group.members
+
+
+def test_a_server_assignor_joiner_cannot_upgrade_and_changes_nothing() -> None:
+    ctx = ClassicContext(assignment_interval_ms=0)
+    classic_group(ctx, 2)
+    before = len(ctx.log)
+    response = ctx.apply(ctx.core.heartbeat(ConnectGroupHeartbeatRequest(
+        group_id="g", member_id="s1", member_epoch=0, instance_id=None,
+        worker_url="http://s1", rebalance_timeout_ms=30_000, server_assignor="balanced",
+        client_assignors=None, owned_connectors_and_tasks=None), ctx.now))
+    assert response.error_code == E.INCONSISTENT_GROUP_PROTOCOL
+    assert "client assignor" in response.error_message
+    assert len(ctx.log) == before and "g" in ctx.engine.store.groups
+    assert "g" not in ctx.core.store.groups

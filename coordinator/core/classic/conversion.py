@@ -69,7 +69,8 @@ from coordinator.core.group import (
     target_metadata_record,
 )
 from coordinator.core.reconcile import CurrentAssignment, MemberState, TargetPart
-from coordinator.core.result import SESSION_TIMER, Event, TimerClearGroup, TimerSet
+from coordinator.core.result import CLIENT_MODE, SESSION_TIMER, Event, TimerClearGroup, TimerSet
+from coordinator.core.validation import check_group_count
 from coordinator.units import Unit
 from protocol.errors import ApiError, ErrorCode
 from protocol.messages import ClassicBridgeMemberValue, ClassicGroupMemberValue
@@ -122,9 +123,24 @@ def classic_holdings(group: ClassicGroup) -> dict[str, frozenset[Unit]]:
     return held
 
 
-def upgrade(core: GroupCoordinator, classic: ClassicGroup, change: Any, now_ms: int) -> Group:
+def _member_metadata(member: ClassicGroupMemberValue, protocol_name: str | None
+                     ) -> MemberMetadata:
+    protocols = tuple((p.name, p.metadata) for p in member.protocols)
+    url, _offset = _url_and_offset(protocols, protocol_name)
+    return MemberMetadata(
+        instance_id=member.instance_id, worker_url=url,
+        rebalance_timeout_ms=member.rebalance_timeout_ms, server_assignor=None,
+        client_assignors=tuple(
+            AssignorInfo(a.name, a.minimum_version, a.maximum_version, a.reason,
+                         a.version, a.metadata)
+            for a in _client_assignors(protocols)))
+
+
+def upgrade(core: GroupCoordinator, classic: ClassicGroup, joiner: Any, change: Any,
+            now_ms: int) -> Group:
     """The records that turn the classic group into a connect group (see the module
-    docstring); returns the connect group."""
+    docstring); returns the connect group. `joiner`: the heartbeat that joins, checked
+    here against the classic members before anything is written."""
     group_id = classic.group_id
     policy = core.config.connect_migration_policy
     if not allowed(policy, UPGRADE):
@@ -134,9 +150,29 @@ def upgrade(core: GroupCoordinator, classic: ClassicGroup, change: Any, now_ms: 
             f"group.connect.migration.policy={policy} does not allow converting it to a "
             "connect group")
     meta = classic.meta
+    active = classic.active()
+    metadata = {member_id: _member_metadata(member, meta.protocol_name)
+                for member_id, member in active.items()}
+    everyone = {**metadata, joiner.member_id: core._metadata_from(None, joiner)}
+    mode, name = core._select_mode(everyone)
+    if mode != CLIENT_MODE:
+        # Its workers' units come from their own assignments: a server-side assignor
+        # would know none of them and take every unit away.
+        raise ApiError(
+            ErrorCode.INCONSISTENT_GROUP_PROTOCOL,
+            f"group {group_id!r} is a classic group with members: a joiner must list a "
+            "client assignor its workers support (incremental-cooperative or eager), not "
+            "a server assignor")
+    from coordinator.core.coordinator import _covering_members  # (imports this module)
+
+    if not _covering_members(everyone, name):
+        raise ApiError(
+            ErrorCode.UNSUPPORTED_ASSIGNOR,
+            f"no worker's version range for client assignor {name!r} covers every "
+            f"member's range in group {group_id!r}")
+    check_group_count(len(core.store.groups), core.config.max_groups)
     epoch = max(classic.generation, 1)
     held = classic_holdings(classic)
-    active = classic.active()
     version = PROTOCOL_VERSIONS.get(meta.protocol_name or "", EAGER_VERSION)
     assignor = EAGER if version == EAGER_VERSION else INCREMENTAL_COOPERATIVE
     # The classic group goes, its parked requests answered: their workers rejoin.
@@ -155,14 +191,8 @@ def upgrade(core: GroupCoordinator, classic: ClassicGroup, change: Any, now_ms: 
     for member_id, member in active.items():
         units = held[member_id]
         protocols = tuple((p.name, p.metadata) for p in member.protocols)
-        url, offset = _url_and_offset(protocols, meta.protocol_name)
-        change.write(member_metadata_record(group_id, member_id, MemberMetadata(
-            instance_id=member.instance_id, worker_url=url,
-            rebalance_timeout_ms=member.rebalance_timeout_ms, server_assignor=None,
-            client_assignors=tuple(
-                AssignorInfo(a.name, a.minimum_version, a.maximum_version, a.reason,
-                             a.version, a.metadata)
-                for a in _client_assignors(protocols)))))
+        _url, offset = _url_and_offset(protocols, meta.protocol_name)
+        change.write(member_metadata_record(group_id, member_id, metadata[member_id]))
         change.write(current_assignment_record(group_id, member_id, CurrentAssignment(
             epoch=epoch, previous_epoch=epoch - 1, state=MemberState.STABLE, assigned=units,
             version=version)))
