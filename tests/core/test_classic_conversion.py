@@ -369,3 +369,31 @@ def test_a_server_assignor_joiner_cannot_upgrade_and_changes_nothing() -> None:
     assert "client assignor" in response.error_message
     assert len(ctx.log) == before and "g" in ctx.engine.store.groups
     assert "g" not in ctx.core.store.groups
+
+
+def test_a_follower_upgraded_before_its_sync_keeps_what_it_ran() -> None:
+    ctx = ClassicContext(assignment_interval_ms=0)
+    workers = classic_group(ctx)
+    group = ctx.group()
+    gone = next(w for w in workers if w.member_id != group.meta.leader)
+    workers.remove(gone)
+    ctx.leave((gone.member_id, None))  # its units are free: the next round grants them
+    leader = next(w for w in workers if w.member_id == group.meta.leader)
+    follower = next(w for w in workers if w is not leader)
+    follower.step()  # it rejoins (parked) ...
+    leader.step()  # ... the leader's join completes the round and it syncs
+    assert group.state.label == "Stable" and follower.phase == "wait_join"
+    granted = decode_assignment(group.members[follower.member_id].assignment).assigned
+    assert granted  # the leader gave it units it has not heard of yet
+    ran = follower.held
+    NewWorker(ctx, "n1").step()  # the upgrade
+    core_group = ctx.core.store.groups["g"]
+    # The coordinator counts what the follower runs, not what it was never told.
+    assert core_group.members[follower.member_id].current.assigned == ran
+    follower.step()  # it takes its JoinGroup answer and syncs, now through the bridge
+    assert follower.held == ran
+    newcomer = NewWorker(ctx, "n1")
+    newcomer.epoch = core_group.members["n1"].current.epoch
+    workers.append(newcomer)
+    run(ctx, workers)
+    assert frozenset().union(*(w.held for w in workers)) == UNITS

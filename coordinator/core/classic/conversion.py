@@ -93,10 +93,12 @@ def allowed(policy: str, direction: str) -> bool:
 def classic_holdings(group: ClassicGroup) -> dict[str, frozenset[Unit]]:
     """What each member of a classic group holds, as far as its own messages say: a
     cooperative member (protocol version 1-2) holds the allocation its JoinGroup reported
-    minus what its last assignment revoked plus what it granted (when that assignment is
-    of the current generation and the member has not rejoined since, which would have
-    reported a newer allocation); an eager member holds its assignment of the current
-    generation, and nothing once it rejoins. A unit two members claim goes to the first
+    minus what its last assignment revoked plus what it granted, when that assignment is
+    of the current generation, the member sent its SyncGroup for it (so it heard of it)
+    and has not rejoined since (which would have reported a newer allocation); an eager
+    member holds such an assignment, and nothing once it rejoins. A member that has not
+    heard of its assignment still runs its allocation: the units it was granted stay
+    free and its revocations not done. A unit two members claim goes to the first
     (by member id): the other is then told to release it like any unit not in its part."""
     name = group.meta.protocol_name
     version = PROTOCOL_VERSIONS.get(name or "", EAGER_VERSION)
@@ -112,7 +114,8 @@ def classic_holdings(group: ClassicGroup) -> dict[str, frozenset[Unit]]:
                 allocation = decode_worker_metadata(metadata).allocation
                 units = allocation.assigned if allocation is not None else NO_UNITS
             if (not rejoined and member.assignment
-                    and member.assignment_generation == generation):
+                    and member.assignment_generation == generation
+                    and member.synced_generation == generation):
                 told = decode_assignment(member.assignment)
                 units = told.assigned if version == EAGER_VERSION \
                     else (units - told.revoked) | told.assigned
