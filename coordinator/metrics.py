@@ -31,6 +31,7 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from coordinator.core.classic.conversion import CONVERSION_DIRECTIONS
 from coordinator.core.classic.engine import CLASSIC_REBALANCE_REASONS
 from coordinator.core.classic.state import ClassicState
 from coordinator.core.result import ASSIGNMENT_MODES, REBALANCE_TRIGGERS
@@ -397,6 +398,13 @@ class Metrics:
             ["reason"],
             registry=registry,
         )
+        self.group_conversions = Counter(
+            PREFIX + "group_conversions",
+            "Live conversions of a group between the classic and the connect type, by "
+            "direction (upgrade: classic to connect; downgrade: connect to classic).",
+            ["direction"],
+            registry=registry,
+        )
         self.rebalances = Counter(
             PREFIX + "rebalances",
             "Group epoch bumps (each starts a rebalance), by trigger.",
@@ -455,6 +463,8 @@ class Metrics:
             self.rebalances.labels(trigger)
         for reason in CLASSIC_REBALANCE_REASONS:
             self.classic_rebalances.labels(reason)
+        for direction in CONVERSION_DIRECTIONS:
+            self.group_conversions.labels(direction)
         for mode in ASSIGNMENT_MODES:
             self.target_assignments.labels(mode)
         for outcome in COMPACTION_OUTCOMES:
@@ -490,6 +500,11 @@ class Metrics:
         """A classic group's join phase started (one of CLASSIC_REBALANCE_REASONS)."""
         if reason in CLASSIC_REBALANCE_REASONS:
             self.classic_rebalances.labels(reason).inc()
+
+    def group_converted(self, direction: str) -> None:
+        """A group changed type (one of CONVERSION_DIRECTIONS)."""
+        if direction in CONVERSION_DIRECTIONS:
+            self.group_conversions.labels(direction).inc()
 
     def rebalance(self, trigger: str) -> None:
         """A group epoch bump (one of coordinator.core.result.REBALANCE_TRIGGERS)."""

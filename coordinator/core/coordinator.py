@@ -24,6 +24,7 @@ from coordinator.assignors.api import (
 )
 from coordinator.config import ConfigError, GroupConfig, ServerConfig, parse_group_config
 from coordinator.core import describe as describing
+from coordinator.core.classic import conversion
 from coordinator.core.classic.bridge import ClassicBridge
 from coordinator.core.classic.engine import CLASSIC_TIMERS, ClassicEngine
 from coordinator.core.group import (
@@ -133,6 +134,9 @@ class _Change:
     events: list[Event] = field(default_factory=list)
     undo: list[Record] = field(default_factory=list)
     jobs: list[AssignorRun] = field(default_factory=list)
+    releases: list[tuple[Any, Any]] = field(default_factory=list)
+    # Groups a new-protocol member left in this change (a downgrade may follow).
+    connect_member_left: set[str] = field(default_factory=set)
 
     def write(self, record: Record) -> None:
         self.undo.append(self.store.current_record(record.key))
@@ -146,7 +150,8 @@ class _Change:
 
     def result(self, response: Any) -> Result[Any]:
         self.undo.reverse()
-        return Result(response, self.records, self.timers, self.events, self.undo, self.jobs)
+        return Result(response, self.records, self.timers, self.events, self.undo, self.jobs,
+                      self.releases)
 
 
 def _assignment_changed(before: CurrentAssignment, after: CurrentAssignment) -> bool:
@@ -267,6 +272,7 @@ class GroupCoordinator:
         change = _Change(self.store)
         try:
             response = self._heartbeat(request, now_ms, change)
+            self._maybe_downgrade(change, now_ms)
         except ApiError as error:
             response = ConnectGroupHeartbeatResponse(
                 throttle_time_ms=0,
@@ -293,8 +299,13 @@ class GroupCoordinator:
                     f"group {group_id} does not exist, so has no member {member_id}",
                 )
             self._check_assignors(None, request, member_id)
-            self.classic.give_up_empty(group_id, change)  # (raises if it has members)
-            group = self._create_group(group_id, change)
+            classic = self.store.classic.groups.get(group_id)
+            if classic is not None and classic.active():
+                # The first new-protocol join to a classic group with members: upgrade.
+                group = conversion.upgrade(self, classic, request, change, now_ms)
+            else:
+                self.classic.give_up_empty(group_id, change)
+                group = self._create_group(group_id, change)
 
         if epoch == LEAVE_EPOCH:
             member = self._existing_member(group, request)
@@ -674,6 +685,8 @@ class GroupCoordinator:
     ) -> None:
         group_id = group.group_id
         member = group.members[member_id]
+        if (group_id, member_id) not in self.store.classic.bridged:
+            change.connect_member_left.add(group_id)
         if member_id in group.target:
             if reason != "replaced":
                 group.departed_parts[member_id] = group.target[member_id].units
@@ -1164,8 +1177,10 @@ class GroupCoordinator:
                         target=units_to_wire(group.target.get(m.member_id, EMPTY_TARGET).units),
                     )
                 )
+            from_installs = group.units_source == "installs"
             group.prepared = PreparedAssignment(
-                group.epoch, frozenset(group.members), group.units, name
+                group.epoch, frozenset(group.members), None if from_installs else group.units,
+                name,
             )
             change.event("assignment_prepared", group, request.member_id, assignor=name)
             response = ConnectGroupPrepareAssignmentResponse(
@@ -1174,7 +1189,7 @@ class GroupCoordinator:
                 error_message=None,
                 group_epoch=group.epoch,
                 assignor_name=name,
-                connectors_and_tasks=units_to_wire(group.units),
+                connectors_and_tasks=units_to_wire(group.known_units()),
                 members=tuple(members),
             )
         except ApiError as error:
@@ -1240,7 +1255,7 @@ class GroupCoordinator:
         sound = (
             checked is not None
             and not checked.overlapping
-            and checked.units <= prepared.units
+            and (prepared.units is None or checked.units <= prepared.units)
             and parts_in.keys() <= prepared.member_ids
         )
         seen: set[Unit] = set()
@@ -1250,7 +1265,8 @@ class GroupCoordinator:
                     ErrorCode.INVALID_ASSIGNMENT,
                     f"member {member_id} was not in the group at epoch {prepared.group_epoch}",
                 )
-            unknown = units - prepared.units
+            # (a group that takes its units from its installs runs whatever they name)
+            unknown = units - prepared.units if prepared.units is not None else EMPTY
             if unknown:
                 raise ApiError(
                     ErrorCode.INVALID_ASSIGNMENT,
@@ -1299,6 +1315,15 @@ class GroupCoordinator:
         change.timers.append(TimerCancel(_timer(ASSIGNOR_TIMER, group.group_id)))
         self._maybe_new_target(group, change, now_ms)
 
+    def _maybe_downgrade(self, change: _Change, now_ms: int) -> None:
+        """After a change in which new-protocol members left: a group left with only
+        classic members becomes a classic group (when the policy allows)."""
+        for group_id in sorted(change.connect_member_left):
+            group = self.store.groups.get(group_id)
+            if group is not None and conversion.should_downgrade(self, group):
+                conversion.downgrade(self, group, change, now_ms)
+        change.connect_member_left.clear()
+
     # ------------------------------------------------------------------ timers
     def on_timer(self, key: TimerKey, now_ms: int) -> Result[None]:
         kind, group_id, member_id = key
@@ -1344,6 +1369,7 @@ class GroupCoordinator:
                 change.write(deadlines_record(group_id, None, group.expire_at_ms))
                 self._bump(group, change, trigger=TRIGGER_DELAYED_REBALANCE)
             self._maybe_new_target(group, change, now_ms)
+        self._maybe_downgrade(change, now_ms)
         return change.result(None)
 
     # ------------------------------------------------------------------ describe
@@ -1362,7 +1388,7 @@ class GroupCoordinator:
         assignor = group.assignor_name
         if group.members:
             assignor = self._group_mode(group)[1]
-        return describing.snapshot(group, assignor)
+        return describing.snapshot(group, assignor, group.known_units())
 
     def describe_group(self, group_id: str) -> DescribedGroup:
         taken = self.describe_snapshot(group_id)
@@ -1378,7 +1404,7 @@ class GroupCoordinator:
         targeted: set[Unit] = set()
         for part in group.target.values():
             targeted |= part.units
-        return group.units - targeted
+        return group.known_units() - targeted
 
     def group_ids(self) -> list[str]:
         return sorted(self.store.groups)
@@ -1495,6 +1521,7 @@ class GroupCoordinator:
         if removed:
             self._bump(group, change, trigger=TRIGGER_ADMIN_REMOVAL)
             self._maybe_new_target(group, change, now_ms)
+            self._maybe_downgrade(change, now_ms)
         return change.result(
             {"group": group_id, "members": answers, "removed": removed, "group_epoch": group.epoch}
         )
@@ -1546,6 +1573,9 @@ class GroupCoordinator:
             "connect.assignor.offload.enable":
                 self.config.assignor_offload_enable if offload is None else offload,
             "scheduled.rebalance.max.delay.ms": self._scheduled_delay(group),
+            # where its units come from: `admin` (connectors set through the admin API)
+            # or `installs` (what its client-side assignments hand out)
+            "units.source": group.units_source,
         }
 
     def delete_group(self, group_id: str, now_ms: int) -> Result[dict[str, Any]]:

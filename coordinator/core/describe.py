@@ -33,9 +33,12 @@ class GroupSnapshot:
     units: frozenset[Unit]
     # (member id, metadata, current assignment, target units), by member id
     members: tuple[tuple[str, MemberMetadata | None, CurrentAssignment, frozenset[Unit]], ...]
+    units_source: str = "admin"
 
 
-def snapshot(group: Group, assignor: str | None) -> GroupSnapshot:
+def snapshot(group: Group, assignor: str | None,
+             units: frozenset[Unit] | None = None) -> GroupSnapshot:
+    """`units`: what the group runs (its connectors' units unless given)."""
     target: dict[str, TargetPart] = group.target
     members = tuple(sorted(
         ((m.member_id, m.metadata, m.current,
@@ -43,7 +46,8 @@ def snapshot(group: Group, assignor: str | None) -> GroupSnapshot:
          for m in group.members.values()),
         key=lambda member: member[0]))
     return GroupSnapshot(group.group_id, group.state, group.epoch, group.assignment_epoch,
-                         assignor, group.units, members)
+                         assignor, group.units if units is None else units, members,
+                         group.units_source)
 
 
 def convert(units: Iterable[Unit]) -> ConnectorsAndTasks:

@@ -206,6 +206,27 @@ class Group:
     _units: frozenset[Unit] | None = None
 
     @property
+    def units_source(self) -> str:
+        """`admin` once a connectors record was ever written for the group (the admin API
+        set its connectors; deleting them all leaves an empty record), else `installs`:
+        the group runs what its client-side assignments hand out (Connect's own model,
+        where the leader reads the connectors from its config topic)."""
+        return "installs" if self.connectors_value is None else "admin"
+
+    def known_units(self) -> frozenset[Unit]:
+        """What the group runs: its connectors' units, or for a group that takes its units
+        from its installs, what the last valid install assigned plus what members hold."""
+        if self.connectors_value is not None:
+            return self.units
+        known: set[Unit] = set()
+        for part in self.target.values():
+            known |= part.units
+        for member in self.members.values():
+            known |= member.current.assigned
+            known |= member.current.pending_revocation
+        return frozenset(known)
+
+    @property
     def units(self) -> frozenset[Unit]:
         """Everything the group runs (cached; connectors change rarely)."""
         if self._units is None:
@@ -266,7 +287,7 @@ class PreparedAssignment:
 
     group_epoch: int
     member_ids: frozenset[str]
-    units: frozenset[Unit]
+    units: frozenset[Unit] | None  # None: the group takes its units from its installs
     assignor_name: str
 
 

@@ -75,6 +75,7 @@ def view_of(taken: describing.GroupSnapshot, config: dict[str, Any],
         "assignment_epoch": described.assignment_epoch,
         "assignor": described.assignor_name,
         "connectors_and_tasks": _units_json(described.connectors_and_tasks),
+        "units_source": taken.units_source,
         "unassigned": {
             "connectors": [name for name, task in unassigned if task == CONNECTOR],
             "tasks": [{"connector": name, "task": task}

@@ -477,6 +477,8 @@ class Runtime:
             self.metrics.target_installed(str(event.fields.get("mode")))
         elif name == "classic_rebalance_started":
             self.metrics.classic_rebalance(str(event.fields.get("reason")))
+        elif name == "group_converted":
+            self.metrics.group_converted(str(event.fields.get("direction")))
 
     def _observe_stable(self, records: Sequence[Record]) -> None:
         """Observe time to stable for the rebalancing groups these records touched."""

@@ -63,6 +63,9 @@ class ClassicContext:
         for operation in result.timers:
             if isinstance(operation, TimerSet):
                 self.timers[operation.key] = operation.deadline_ms
+            elif isinstance(operation, TimerClearGroup):
+                for key in [key for key in self.timers if key[1] == operation.group_id]:
+                    del self.timers[key]
             else:
                 self.timers.pop(operation.key, None)
         response = result.response
