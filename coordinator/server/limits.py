@@ -104,8 +104,6 @@ def oversized_field(api_key: int, body: Any, config: ServerConfig) -> str | None
         return _classic_oversized(body, config)
     if api_key == DESCRIBE:
         return _names(config, "GroupIds[]", body.group_ids)
-    if api_key not in (HEARTBEAT, PREPARE, INSTALL):
-        return None  # the classic APIs: their fields are checked where they are read
     problem = (too_long("GroupId", body.group_id, ids, id_key)
                or too_long("MemberId", body.member_id, ids, id_key))
     if problem is not None or api_key == PREPARE:
