@@ -6,7 +6,6 @@ import errno
 import logging
 import os
 import socket
-import sys
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -30,7 +29,6 @@ from coordinator.server.runtime import Clock, RecordSink, Runtime
 from coordinator.storage import LogReplayer, LogSink, compact_periodically, ensure_data_dir
 
 log = structlog.get_logger("connect_coordinator")
-SWITCH_INTERVAL_S = 0.0005
 
 
 @dataclass
@@ -123,10 +121,6 @@ async def run_server(
         for bound in kafka_listeners:
             bound.socket.close()
         raise
-    if tune_process:
-        # A thread decoding a large request or building a large describe holds the GIL
-        # for up to this long before the loop gets it back (default 5 ms).
-        sys.setswitchinterval(SWITCH_INTERVAL_S)
     # One coordinator per data directory: a second one's appends would interleave.
     data_dir_lock: DataDirLock | None = None
     try:
