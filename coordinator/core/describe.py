@@ -9,15 +9,14 @@ of thousands of members) may then run in a thread while the loop answers heartbe
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from coordinator.core.group import Group, MemberMetadata, units_to_wire
 from coordinator.core.reconcile import CurrentAssignment, TargetPart
-from coordinator.units import CONNECTOR, Unit
+from coordinator.units import Unit
 from protocol.errors import ApiError, ErrorCode
-from protocol.messages import ConnectGroupDescribeResponse, ConnectorsAndTasks
-from protocol.messages.common import ConnectorTaskId
+from protocol.messages import ConnectGroupDescribeResponse
 from protocol.messages.connect_group_describe_response import DescribedGroup, DescribedMember
 
 EMPTY_UNITS: frozenset[Unit] = frozenset()
@@ -50,21 +49,7 @@ def snapshot(group: Group, assignor: str | None,
                          group.units_source)
 
 
-def convert(units: Iterable[Unit]) -> ConnectorsAndTasks:
-    """Units in wire form, sorted; unlike `units_to_wire` it keeps no shared cache, so
-    it is safe off the event loop."""
-    connectors: list[str] = []
-    tasks: list[ConnectorTaskId] = []
-    for name, task in sorted(units):
-        if task == CONNECTOR:
-            connectors.append(name)
-        else:
-            tasks.append(ConnectorTaskId(connector=name, task=task))
-    return ConnectorsAndTasks(connectors=tuple(connectors), tasks=tuple(tasks))
-
-
-def build(group: GroupSnapshot, off_loop: bool = False) -> DescribedGroup:
-    to_wire = convert if off_loop else units_to_wire
+def build(group: GroupSnapshot) -> DescribedGroup:
     members = []
     for member_id, metadata, current, target in group.members:
         members.append(
@@ -74,9 +59,9 @@ def build(group: GroupSnapshot, off_loop: bool = False) -> DescribedGroup:
                 worker_url=metadata.worker_url if metadata else "",
                 member_epoch=current.epoch,
                 member_state=current.state.name if metadata else "UNKNOWN",
-                assigned=to_wire(current.assigned),
-                pending_revocation=to_wire(current.pending_revocation),
-                target=to_wire(target),
+                assigned=units_to_wire(current.assigned),
+                pending_revocation=units_to_wire(current.pending_revocation),
+                target=units_to_wire(target),
             )
         )
     return DescribedGroup(
@@ -87,7 +72,7 @@ def build(group: GroupSnapshot, off_loop: bool = False) -> DescribedGroup:
         group_epoch=group.epoch,
         assignment_epoch=group.assignment_epoch,
         assignor_name=group.assignor,
-        connectors_and_tasks=to_wire(group.units),
+        connectors_and_tasks=units_to_wire(group.units),
         members=tuple(members),
     )
 
@@ -106,10 +91,10 @@ def failed(group_id: str, error: ApiError) -> DescribedGroup:
     )
 
 
-def response(items: Sequence[GroupSnapshot | tuple[str, ApiError]],
-             off_loop: bool = False) -> ConnectGroupDescribeResponse:
+def response(items: Sequence[GroupSnapshot | tuple[str, ApiError]]
+             ) -> ConnectGroupDescribeResponse:
     """The answer for snapshots of the groups found and (id, error) for the others."""
-    groups = [failed(*item) if isinstance(item, tuple) else build(item, off_loop)
+    groups = [failed(*item) if isinstance(item, tuple) else build(item)
               for item in items]
     return ConnectGroupDescribeResponse(throttle_time_ms=0, groups=tuple(groups))
 

@@ -31,21 +31,23 @@ from kio.schema.response_header.v1.header import ResponseHeader as ResponseHeade
 from kio.static.constants import EntityType
 from kio.static.primitive import i16, i32
 
+from protocol import classic as classic_apis
 from protocol._codec import INT16, INT32, EntityDecodeError, read_entity, write_entity
 from protocol.framing import MalformedRequest, MalformedResponse, zero_entity
 
 PRODUCE = 0
 FETCH = 1
-METADATA = 3
+# Kafka's group APIs, numbered once (protocol/classic.py), as the coordinator serves them.
+METADATA = classic_apis.METADATA
+FIND_COORDINATOR = classic_apis.FIND_COORDINATOR
+JOIN_GROUP = classic_apis.JOIN_GROUP
+HEARTBEAT = classic_apis.HEARTBEAT
+LEAVE_GROUP = classic_apis.LEAVE_GROUP
+SYNC_GROUP = classic_apis.SYNC_GROUP
+DESCRIBE_GROUPS = classic_apis.DESCRIBE_GROUPS
+LIST_GROUPS = classic_apis.LIST_GROUPS
 OFFSET_COMMIT = 8
 OFFSET_FETCH = 9
-FIND_COORDINATOR = 10
-JOIN_GROUP = 11
-HEARTBEAT = 12
-LEAVE_GROUP = 13
-SYNC_GROUP = 14
-DESCRIBE_GROUPS = 15
-LIST_GROUPS = 16
 API_VERSIONS = 18
 TXN_OFFSET_COMMIT = 28
 DELETE_GROUPS = 42

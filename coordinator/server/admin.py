@@ -65,7 +65,7 @@ def view_of(taken: describing.GroupSnapshot, config: dict[str, Any],
             unassigned_units: frozenset[Unit], bridged: frozenset[str]) -> dict[str, Any]:
     """A connect group's view from a snapshot (`bridged`: its classic members' ids):
     touches no shared state, so it may run in a thread."""
-    described = describing.build(taken, off_loop=True)
+    described = describing.build(taken)
     unassigned = sorted(unassigned_units)
     return {
         "group_id": described.group_id,

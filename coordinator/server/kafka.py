@@ -97,7 +97,7 @@ OFFLOAD_DESCRIBE_BYTES = 32 * 1024
 def _encode_described(correlation_id: int,
                       taken: list[describing.GroupSnapshot | tuple[str, Any]]) -> bytes:
     return encode_response(DESCRIBE, 0, correlation_id,
-                           describing.response(taken, off_loop=True))
+                           describing.response(taken))
 
 
 # After each large request the listener's thread rests this many times as long as the
