@@ -133,8 +133,10 @@ class ClassicWorker:
                         with trio.CancelScope(shield=True):
                             await client.aclose()
                     await trio.sleep(0.1)
-            await self._leave()
+            # As Connect's worker does: stop the units first, then leave (after the leave
+            # the coordinator may hand them to another worker at once).
             await self._runner.stop_all()
+            await self._leave()
             nursery.cancel_scope.cancel()
 
     async def _wait_stop(self, scope: trio.CancelScope) -> None:

@@ -22,7 +22,7 @@ import sys
 import time
 import uuid
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
@@ -32,9 +32,12 @@ from coordinator.cli import module_command
 from coordinator.client import KafkaClient
 from coordinator.units import Unit, format_unit
 from coordinator.workers.assignors import (
+    AssignmentPlan,
     ClientSideAssignor,
     EagerAssignor,
+    GroupView,
     IncrementalCooperativeAssignor,
+    Leader,
 )
 from coordinator.workers.classic import ClassicWorker
 from coordinator.workers.registry import UnitRegistry
@@ -76,11 +79,20 @@ class WorkerSpec:
     # units their leader hands out (a Connect leader reads them from its config topic).
     classic_workers: tuple[str, ...] = ()
     units: tuple[tuple[str, int], ...] = ()
+    # The group's connectors were never set through the admin API, so the coordinator
+    # knows its units only from the workers' assignments: new-protocol leaders, like
+    # classic ones, assign `units` (what a Connect leader reads from its config topic).
+    units_from_config_topic: bool = False
 
     def assignors(self) -> list[ClientSideAssignor]:
         kind, _, name = self.assignor.partition(":")
         if kind == "server":
             return []
+        if self.units_from_config_topic:
+            units = frozenset((connector, task) for connector, task in self.units)
+            if name == "eager":
+                return [ConfigTopicEagerAssignor(units)]
+            return [ConfigTopicIncrementalAssignor(units, self.rebalance_delay_ms)]
         if name == "eager":
             return [EagerAssignor()]
         return [IncrementalCooperativeAssignor(self.rebalance_delay_ms)]
@@ -91,6 +103,28 @@ class WorkerSpec:
 
     def to_json(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.__slots__}
+
+
+class ConfigTopicIncrementalAssignor(IncrementalCooperativeAssignor):
+    """Assigns the units of the worker's config topic, not those the coordinator knows."""
+
+    def __init__(self, units: frozenset[Unit], scheduled_rebalance_max_delay_ms: int) -> None:
+        super().__init__(scheduled_rebalance_max_delay_ms)
+        self.config_units = units
+
+    def assign(self, view: GroupView, now_ms: int, leader: Leader) -> AssignmentPlan:
+        return super().assign(replace(view, units=self.config_units), now_ms, leader)
+
+
+class ConfigTopicEagerAssignor(EagerAssignor):
+    """Eager, with the units of the worker's config topic."""
+
+    def __init__(self, units: frozenset[Unit]) -> None:
+        super().__init__()
+        self.config_units = units
+
+    def assign(self, view: GroupView, now_ms: int, leader: Leader) -> AssignmentPlan:
+        return super().assign(replace(view, units=self.config_units), now_ms, leader)
 
 
 @dataclass(slots=True)
@@ -188,6 +222,7 @@ class _Slot:
 
     name: str
     link: FaultyLink
+    classic: bool = False  # which protocol its next incarnation speaks
     incarnation: int = 0
     worker: Worker | None = None
     scope: trio.CancelScope | None = None
@@ -206,7 +241,7 @@ class WorkerHost:
         self._nursery = nursery
         self._rng = random.Random(seed)
         self._slots = {name: _Slot(name, FaultyLink(self.traffic, random.Random(
-            f"{seed}/{name}"))) for name in names}
+            f"{seed}/{name}")), classic=name in spec.classic_workers) for name in names}
 
     @property
     def names(self) -> list[str]:
@@ -216,7 +251,7 @@ class WorkerHost:
     def _new_worker(self, slot: _Slot) -> Any:
         spec = self.spec
         slot.incarnation += 1
-        if slot.name in spec.classic_workers:
+        if slot.classic:
             classic_link = slot.link
             units = frozenset((name, task) for name, task in spec.units)
 
@@ -287,6 +322,13 @@ class WorkerHost:
     async def restart(self, name: str, downtime_s: float, graceful: bool) -> None:
         await (self.stop(name) if graceful else self.kill(name))
         await trio.sleep(downtime_s)
+        await self.start(name)
+
+    async def switch(self, name: str, classic: bool) -> None:
+        """Roll the worker to the other protocol: it shuts down cleanly and comes back at
+        once with the same name and url, speaking the classic protocol or the new one."""
+        await self.stop(name)
+        self._slots[name].classic = classic
         await self.start(name)
 
     def pause(self, name: str, seconds: float) -> None:
@@ -383,6 +425,9 @@ class RemoteHost:
     async def restart(self, name: str, downtime_s: float, graceful: bool) -> None:
         await self.call("restart", name=name, downtime_s=downtime_s, graceful=graceful)
 
+    async def switch(self, name: str, classic: bool) -> None:
+        await self.call("switch", name=name, classic=classic)
+
     async def pause(self, name: str, seconds: float) -> None:
         await self.call("pause", name=name, seconds=seconds)
 
@@ -420,7 +465,7 @@ async def _serve_parent(setup: dict[str, Any]) -> None:
                     reply["result"] = getattr(host, op)()
                 elif op in ("pause", "drop"):
                     reply["result"] = getattr(host, op)(**args)
-                elif op in ("start", "kill", "restart", "close"):
+                elif op in ("start", "kill", "restart", "switch", "close"):
                     reply["result"] = await getattr(host, op)(**args)
                 else:
                     reply["error"] = f"unknown operation {op!r}"

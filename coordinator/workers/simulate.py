@@ -32,7 +32,8 @@ from coordinator.urls import open_url
 from coordinator.workers.host import RemoteHost, Traffic, WorkerHost, WorkerSpec, unit_of
 
 PROG = "connect-coordinator simulate"
-CHAOS_KINDS = ("kill", "bounce", "pause", "drop", "rolling", "restart")
+CHAOS_KINDS = ("kill", "bounce", "pause", "drop", "rolling", "restart", "upgrade", "downgrade")
+CONVERSION_KINDS = ("upgrade", "downgrade")
 CHAOS_HELP = {
     "kill": "a worker dies abruptly (no leave; its units die with it) and comes back "
             "after --downtime",
@@ -43,7 +44,23 @@ CHAOS_HELP = {
             "answers (drop=SHARE, default 0.3)",
     "rolling": "every worker is bounced, one after the other",
     "restart": "the coordinator is restarted with --restart-command",
+    "upgrade": "the group turns from classic into connect live: the workers that started on "
+               "the new protocol, now classic, are rolled back to it one by one (the "
+               "first one's join converts the group); if some worker still speaks the new "
+               "protocol, all such are first rolled to classic (the group turns classic)",
+    "downgrade": "the group turns from connect into classic live: every worker of the new "
+                 "protocol is rolled to classic one by one (the last one's leave converts "
+                 "the group); if none speaks it, the group is first upgraded",
 }
+CHAOS_NOTES = (
+    "Rolling a worker to the other protocol stops it cleanly and starts it again at once\n"
+    "with the same name and url. `upgrade` and `downgrade` need --classic-workers (a mixed\n"
+    "group; naming them without is a usage error, and `all` leaves them out), a client\n"
+    "assignor, and a group whose connectors were never set through the admin API (a group\n"
+    "with admin connectors is never turned classic): with them, the run does not create\n"
+    "its connectors through the admin API; the workers' leaders assign them, as Connect's\n"
+    "leaders do from their config topic. The coordinator's group.connect.migration.policy\n"
+    "must be bidirectional.")
 DEFAULT_DROP_SHARE = 0.3
 WORKERS_PER_PROCESS = 200  # above this, workers are spread over child processes
 
@@ -60,12 +77,21 @@ class ChaosPlan:
     mixed: bool = False  # `all`: every kind once, in random order, then kinds at random
 
 
-def parse_chaos(spec: str | None, can_restart: bool) -> ChaosPlan:
-    """`none`, `all`, or a comma-separated list of kinds (`drop=0.5` sets the share)."""
+    @property
+    def converts(self) -> bool:
+        """Whether the run rolls workers between protocols (and converts the group)."""
+        return any(kind in CONVERSION_KINDS for kind in self.kinds)
+
+
+def parse_chaos(spec: str | None, can_restart: bool, mixed_group: bool = False) -> ChaosPlan:
+    """`none`, `all`, or a comma-separated list of kinds (`drop=0.5` sets the share).
+    `mixed_group`: some workers speak the classic protocol (`upgrade`, `downgrade`)."""
     if spec is None or spec.strip() in ("", "none"):
         return ChaosPlan()
     if spec.strip() == "all":
-        every = tuple(k for k in CHAOS_KINDS if k != "restart" or can_restart)
+        every = tuple(k for k in CHAOS_KINDS
+                      if (k != "restart" or can_restart)
+                      and (k not in CONVERSION_KINDS or mixed_group))
         return ChaosPlan(every, mixed=True)
     kinds: list[str] = []
     share = DEFAULT_DROP_SHARE
@@ -86,6 +112,9 @@ def parse_chaos(spec: str | None, can_restart: bool) -> ChaosPlan:
                 raise SimulationError(f"drop={value}: give a share between 0 and 1")
         if name == "restart" and not can_restart:
             raise SimulationError("chaos kind 'restart' needs --restart-command")
+        if name in CONVERSION_KINDS and not mixed_group:
+            raise SimulationError(f"chaos kind {name!r} needs --classic-workers N "
+                                  "(a mixed group)")
         if name not in kinds:
             kinds.append(name)
     return ChaosPlan(tuple(kinds), share)
@@ -181,11 +210,12 @@ class Snapshot:
     """One look at the group and at what the workers run."""
 
     state: str | None
-    group_epoch: int | None
+    group_epoch: int | None  # a classic group's generation
     members: int
     running: dict[str, list[str]]
     traffic: Traffic
     failures: list[str] = field(default_factory=list)
+    group_type: str | None = None  # `connect` or `classic`
 
     def doubled(self) -> dict[str, list[str]]:
         return {unit: holders for unit, holders in self.running.items() if len(holders) > 1}
@@ -238,6 +268,11 @@ class Simulation:
         self.last: Snapshot | None = None
         self.last_at = -math.inf
         self.restart_failures: list[str] = []
+        # Who speaks the classic protocol now (the last N workers at the start), and who
+        # `upgrade` rolls back to the new protocol: those that started on it.
+        first_classic = len(self.names) - options.classic_workers
+        self.classic_now = set(self.names[first_classic:])
+        self.upgraders = self.names[:first_classic] or self.names[:1]
         self.session_timeout_ms = 10_000
         self.started_monotonic_ms = 0.0  # the same moment as `started`, on the shared clock
 
@@ -249,21 +284,36 @@ class Simulation:
         options = self.options
         await self.admin.wait_ready(30)
         group = options.group
-        for name, tasks in self.connectors.items():
-            await self.admin.checked("PUT", f"/groups/{group}/connectors/{name}",
-                                     {"tasks": tasks})
+        from_config_topic = options.chaos.converts
+        if from_config_topic:
+            # Only a group whose units come from its workers' assignments can turn classic.
+            _status, before = await self.admin.call("GET", f"/groups/{group}")
+            if isinstance(before, dict) and before.get("units_source") == "admin":
+                raise SimulationError(
+                    f"group {group!r} has connectors set through the admin API, so it can "
+                    "never turn classic: chaos upgrade/downgrade needs another --group")
+        else:
+            for name, tasks in self.connectors.items():
+                await self.admin.checked("PUT", f"/groups/{group}/connectors/{name}",
+                                         {"tasks": tasks})
         config = dict(options.group_config)
         if options.rebalance_delay_ms is not None and options.assignor.startswith("server:"):
             config.setdefault("scheduled.rebalance.max.delay.ms", options.rebalance_delay_ms)
-        if config:
+        if config or from_config_topic:
+            # (an empty config creates the group, to read its effective config below)
             await self.admin.checked("PUT", f"/groups/{group}/config", config)
-        # The group may run connectors of its own besides ours (an earlier run with more
-        # connectors, say): convergence means every unit of the group runs exactly once.
-        view = await self.admin.checked("GET", f"/groups/{group}")
-        held = view["connectors_and_tasks"]
-        self.units = frozenset(
-            [(name, CONNECTOR) for name in held["connectors"]]
-            + [(task["connector"], task["task"]) for task in held["tasks"]])
+        if from_config_topic:
+            self.units = frozenset(
+                (name, task) for name, tasks in self.connectors.items()
+                for task in [CONNECTOR, *range(tasks)])
+        else:
+            # The group may run connectors of its own besides ours (an earlier run with
+            # more connectors, say): convergence means every unit of the group runs once.
+            view = await self.admin.checked("GET", f"/groups/{group}")
+            held = view["connectors_and_tasks"]
+            self.units = frozenset(
+                [(name, CONNECTOR) for name in held["connectors"]]
+                + [(task["connector"], task["task"]) for task in held["tasks"]])
         self.unit_names = frozenset(format_unit(unit) for unit in self.units)
         extra = sorted({name for name, _ in self.units} - set(self.connectors))
         if extra:
@@ -281,9 +331,8 @@ class Simulation:
             rebalance_timeout_ms=options.rebalance_timeout_ms, rebalance_delay_ms=delay,
             static=options.static,
             # The last N workers speak the classic protocol (bridged into the group).
-            classic_workers=tuple(self.names[len(self.names) - options.classic_workers:])
-            if options.classic_workers else (),
-            units=tuple(sorted(self.units)))
+            classic_workers=tuple(sorted(self.classic_now)),
+            units=tuple(sorted(self.units)), units_from_config_topic=from_config_topic)
 
     async def open_hosts(self, nursery: trio.Nursery, spec: WorkerSpec) -> None:
         processes = self.options.processes
@@ -315,14 +364,25 @@ class Simulation:
         self.last_at = trio.current_time()
         self.last = Snapshot(
             state=view["state"] if view else None,
-            group_epoch=view["group_epoch"] if view else None,
+            group_epoch=view.get("group_epoch", view.get("generation")) if view else None,
             members=len(view["members"]) if view else 0,
-            running=running, traffic=traffic, failures=failures)
+            running=running, traffic=traffic, failures=failures,
+            group_type=view.get("type") if view else None)
         return self.last
 
+    def expected_type(self) -> str | None:
+        """The group's type once converged, when the run rolls workers between protocols:
+        `classic` with every worker classic, else `connect`."""
+        if not self.options.chaos.converts:
+            return None
+        return "classic" if self.classic_now == set(self.names) else "connect"
+
     def is_converged(self, snap: Snapshot) -> bool:
-        return (snap.state == "STABLE" and set(snap.running) == self.unit_names
-                and all(len(holders) == 1 for holders in snap.running.values()))
+        # (a classic group says `Stable`, as Kafka's DescribeGroups does)
+        expected = self.expected_type()
+        return (snap.state in ("STABLE", "Stable") and set(snap.running) == self.unit_names
+                and all(len(holders) == 1 for holders in snap.running.values())
+                and (expected is None or snap.group_type == expected))
 
     async def wait_converged(self, timeout_s: float) -> float | None:
         """Seconds until the group converged (None if it did not within `timeout_s`)."""
@@ -379,12 +439,47 @@ class Simulation:
             disruption.detail = f"{len(self.names)} workers bounced one by one"
         elif kind == "restart":
             disruption.detail = await self.restart_coordinator()
+        elif kind in CONVERSION_KINDS:
+            disruption.detail = await self.convert(kind)
         disruption.action_s = trio.current_time() - began
         waited = await self.wait_converged(self.converge_timeout_s())
         if waited is not None:
             disruption.converged = True
             disruption.time_to_converge_s = disruption.action_s + waited
         return disruption
+
+    async def roll(self, names: list[str], classic: bool) -> None:
+        """Roll workers to the classic protocol (or to the new one), one after the other."""
+        for name in names:
+            await _settled(self.host_of[name].switch(name, classic))
+            if classic:
+                self.classic_now.add(name)
+            else:
+                self.classic_now.discard(name)
+            await trio.sleep(0.1)
+
+    async def convert(self, kind: str) -> str:
+        """`upgrade` or `downgrade`: roll workers so that the group converts that way,
+        first converting it the other way if it is not in the state to start from."""
+        before = self.last.group_type if self.last is not None else None
+        steps = []
+        new_protocol = [name for name in self.names if name not in self.classic_now]
+        if kind == "downgrade" and not new_protocol:
+            await self.roll(self.upgraders, classic=False)
+            converged = await self.wait_converged(self.converge_timeout_s()) is not None
+            steps.append(f"first upgraded ({'converged' if converged else 'NOT converged'})")
+            new_protocol = list(self.upgraders)
+        if kind == "upgrade" and new_protocol:
+            await self.roll(new_protocol, classic=True)
+            converged = await self.wait_converged(self.converge_timeout_s()) is not None
+            steps.append(f"first downgraded ({'converged' if converged else 'NOT converged'})")
+        if kind == "upgrade":
+            await self.roll(self.upgraders, classic=False)
+            steps.append(f"{len(self.upgraders)} worker(s) rolled to the new protocol")
+        else:
+            await self.roll(new_protocol, classic=True)
+            steps.append(f"{len(new_protocol)} worker(s) rolled to classic")
+        return f"group {before or '?'} -> {self.expected_type()}: " + "; ".join(steps)
 
     async def restart_coordinator(self) -> str:
         command = self.options.restart_command
@@ -520,6 +615,8 @@ class Simulation:
             "initial_convergence_s": None if self.initial_convergence_s is None
             else round(self.initial_convergence_s, 3),
             "final": {"state": final.state, "group_epoch": final.group_epoch,
+                      "group_type": final.group_type,
+                      "classic_workers": len(self.classic_now),
                       "members": final.members,
                       "units_running": sum(1 for u in final.running if u in self.unit_names),
                       "units": len(self.units)},
@@ -578,13 +675,14 @@ def _interval(run: dict[str, Any], origin_ms: float) -> dict[str, Any]:
 
 # ------------------------------------------------------------------------------ command line
 def build_parser() -> argparse.ArgumentParser:
-    chaos_lines = "\n".join(f"  {kind:<8} {text}" for kind, text in CHAOS_HELP.items())
+    chaos_lines = "\n".join(f"  {kind:<9} {text}" for kind, text in CHAOS_HELP.items())
     parser = argparse.ArgumentParser(
         prog=PROG, formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Run fake Kafka Connect workers against a coordinator, break things on "
                     "purpose, and check that no connector or task ever ran on two workers "
                     "at once and that the group converges after every disruption.",
         epilog=f"chaos kinds (--chaos KIND[,KIND...] or all):\n{chaos_lines}\n\n"
+               f"{CHAOS_NOTES}\n\n"
                "Exit status: 0 when there were no violations and the group converged after "
                "every disruption and at the end, 1 otherwise, 2 on a usage error.")
     parser.add_argument("--bootstrap", default="127.0.0.1:19092", metavar="HOST:PORT",
@@ -692,11 +790,16 @@ def options_from(args: argparse.Namespace) -> Options:
         raise SimulationError("--processes must be at least 1")
     if not 0 <= args.classic_workers <= args.workers:
         raise SimulationError("--classic-workers must be between 0 and --workers")
+    chaos = parse_chaos(args.chaos, args.restart_command is not None,
+                        mixed_group=args.classic_workers > 0)
+    if chaos.converts and kind == "server":
+        raise SimulationError("chaos upgrade/downgrade needs a client assignor: a classic "
+                              "group's units come from its workers' own assignments")
     return Options(
         host=host, port=port, admin=args.admin, group=args.group, workers=args.workers,
         connectors=args.connectors, tasks_per_connector=args.tasks_per_connector,
         duration_s=args.duration, assignor=args.assignor,
-        chaos=parse_chaos(args.chaos, args.restart_command is not None), seed=args.seed,
+        chaos=chaos, seed=args.seed,
         report=args.report, processes=min(processes, args.workers),
         restart_command=args.restart_command, downtime_s=args.downtime,
         chaos_interval_s=args.chaos_interval, converge_timeout_s=args.converge_timeout,

@@ -249,3 +249,18 @@ async def test_classic_workers_mix_in_and_keep_units_single(nursery: trio.Nurser
     bridged = handle.runtime.core.store.classic.bridged
     assert any(member_id.startswith("worker-") for _, member_id in bridged)
     handle.stop()
+
+
+async def test_groups_are_converted_live_both_ways(nursery: trio.Nursery) -> None:
+    """Workers rolled between protocols: the group turns classic and back to connect."""
+    handle: ServerHandle = await nursery.start(run_server, CLASSIC_FAST, ("127.0.0.1", 0),
+                                               ("127.0.0.1", 0))
+    report = await simulate_against(handle, "--duration", "6", "--classic-workers", "1",
+                                    "--chaos", "downgrade,upgrade", "--chaos-interval", "1",
+                                    "--converge-timeout", "15")
+    assert report["violations"] == []
+    print(report["disruptions"])
+    assert [d["kind"] for d in report["disruptions"]][:2] == ["downgrade", "upgrade"]
+    assert all(d["converged"] for d in report["disruptions"]), report["disruptions"]
+    assert report["converged"] is True
+    handle.stop()
