@@ -151,6 +151,9 @@ class ClassicWorker:
                 assert self._runner is not None
                 log.info("classic_worker_lost_session", worker=self.name)
                 await self._runner.stop_all()
+                # The coordinator may still count it as holding them (only the answers
+                # were lost): rejoin and say it holds nothing now.
+                self.rejoin = True
 
     async def _loop(self, client: Any) -> None:
         while True:

@@ -485,6 +485,10 @@ async def _serve_parent(setup: dict[str, Any]) -> None:
 
 
 def main() -> None:
+    from coordinator.logs import configure_logging
+
+    # stdout carries the answers to the parent: the workers' logs go to stderr.
+    configure_logging("warning", json=True)
     trio.run(_serve_parent, json.loads(sys.argv[1]))
 
 

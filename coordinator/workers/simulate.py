@@ -195,9 +195,10 @@ class Disruption:
     converged: bool = False
     time_to_converge_s: float | None = None  # from the start of the disruption
     detail: str = ""
+    group_type: str | None = None  # when it started: `connect` or `classic`
 
     def to_json(self) -> dict[str, Any]:
-        return {"kind": self.kind, "target": self.target,
+        return {"kind": self.kind, "target": self.target, "group_type": self.group_type,
                 "started_s": round(self.started_s, 3), "action_s": round(self.action_s, 3),
                 "converged": self.converged,
                 "time_to_converge_s": None if self.time_to_converge_s is None
@@ -414,7 +415,8 @@ class Simulation:
     async def disrupt(self, kind: str) -> Disruption:
         session_s = self.session_timeout_ms / 1000
         target = self.rng.choice(self.names) if kind in ("kill", "bounce", "pause") else None
-        disruption = Disruption(kind, target, self.elapsed())
+        disruption = Disruption(kind, target, self.elapsed(),
+                                group_type=self.last.group_type if self.last else None)
         began = trio.current_time()
         downtime = self.options.downtime_s * self.rng.uniform(0.5, 1.5)
         if kind in ("kill", "bounce"):
@@ -446,7 +448,28 @@ class Simulation:
         if waited is not None:
             disruption.converged = True
             disruption.time_to_converge_s = disruption.action_s + waited
+        else:
+            disruption.detail += "; " + await self.diagnose()
         return disruption
+
+    async def diagnose(self) -> str:
+        """Why the group is not converged: units not running or doubled, and where the
+        coordinator places them."""
+        snap = self.last or await self.snapshot()
+        view = await self.admin.group(self.options.group) or {}
+        placed: dict[str, list[str]] = {}
+        for member in view.get("members", []):
+            held = member.get("assigned") or member.get("holds") or {}
+            units = [name for name in held.get("connectors", [])] + [
+                f"{task['connector']}-{task['task']}" for task in held.get("tasks", [])]
+            for unit in units:
+                placed.setdefault(unit, []).append(str(member.get("worker_url", "?")))
+        missing = sorted(self.unit_names - set(snap.running))
+        parts = [f"group {view.get('type', '?')} {snap.state or '?'}"]
+        parts += [f"{unit} runs nowhere (coordinator: {placed.get(unit) or 'nobody'})"
+                  for unit in missing[:5]]
+        parts += [f"{unit} runs on {holders}" for unit, holders in snap.doubled().items()][:5]
+        return ", ".join(parts)
 
     async def roll(self, names: list[str], classic: bool) -> None:
         """Roll workers to the classic protocol (or to the new one), one after the other."""
@@ -461,7 +484,6 @@ class Simulation:
     async def convert(self, kind: str) -> str:
         """`upgrade` or `downgrade`: roll workers so that the group converts that way,
         first converting it the other way if it is not in the state to start from."""
-        before = self.last.group_type if self.last is not None else None
         steps = []
         new_protocol = [name for name in self.names if name not in self.classic_now]
         if kind == "downgrade" and not new_protocol:
@@ -473,13 +495,14 @@ class Simulation:
             await self.roll(new_protocol, classic=True)
             converged = await self.wait_converged(self.converge_timeout_s()) is not None
             steps.append(f"first downgraded ({'converged' if converged else 'NOT converged'})")
+        before = (await self.snapshot()).group_type
         if kind == "upgrade":
             await self.roll(self.upgraders, classic=False)
             steps.append(f"{len(self.upgraders)} worker(s) rolled to the new protocol")
         else:
             await self.roll(new_protocol, classic=True)
             steps.append(f"{len(new_protocol)} worker(s) rolled to classic")
-        return f"group {before or '?'} -> {self.expected_type()}: " + "; ".join(steps)
+        return "; ".join(steps) + f"; group {before or '?'} -> {self.expected_type()}"
 
     async def restart_coordinator(self) -> str:
         command = self.options.restart_command
@@ -850,6 +873,10 @@ def main(argv: list[str] | None = None) -> int:
         options = options_from(args)
     except SimulationError as error:
         parser.error(str(error))
+    from coordinator.logs import configure_logging
+
+    # stdout is the summary's; the workers' own logs (warnings only) go to stderr.
+    configure_logging("warning")
     simulation = Simulation(options)
     try:
         report = trio.run(simulation.run)

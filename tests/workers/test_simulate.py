@@ -40,10 +40,14 @@ def test_chaos_spec() -> None:
     assert parse_chaos("none", can_restart=False) == ChaosPlan()
     assert parse_chaos("kill,drop=0.5,kill", can_restart=False) == \
         ChaosPlan(("kill", "drop"), drop_share=0.5)
-    every = parse_chaos("all", can_restart=True)
-    assert every.mixed and set(every.kinds) == set(CHAOS_KINDS)
-    # without a restart command, `all` leaves out what it cannot do
+    every = parse_chaos("all", can_restart=True, mixed_group=True)
+    assert every.mixed and set(every.kinds) == set(CHAOS_KINDS) and every.converts
+    # without a restart command or classic workers, `all` leaves out what it cannot do
     assert "restart" not in parse_chaos("all", can_restart=False).kinds
+    assert set(parse_chaos("all", can_restart=True).kinds) == \
+        set(CHAOS_KINDS) - {"upgrade", "downgrade"}
+    assert parse_chaos("downgrade", can_restart=False, mixed_group=True) == \
+        ChaosPlan(("downgrade",))
 
 
 @pytest.mark.parametrize(("spec", "message"), [
@@ -52,6 +56,7 @@ def test_chaos_spec() -> None:
     ("drop=lots", "between 0 and 1"),
     ("kill=3", "takes no value"),
     ("restart", "needs --restart-command"),
+    ("kill,upgrade", "chaos kind 'upgrade' needs --classic-workers N"),
 ])
 def test_bad_chaos_spec(spec: str, message: str) -> None:
     with pytest.raises(SimulationError, match=message):
@@ -64,6 +69,9 @@ def test_bad_chaos_spec(spec: str, message: str) -> None:
     (["--assignor", "client:magic"], "client:incremental-cooperative"),
     (["--group-config", "novalue"], "expected KEY=VALUE"),
     (["--chaos", "restart"], "needs --restart-command"),
+    (["--chaos", "downgrade"], "needs --classic-workers N"),
+    (["--chaos", "upgrade", "--classic-workers", "1", "--assignor", "server:balanced"],
+     "needs a client assignor"),
 ])
 def test_usage_errors_exit_2(argv: list[str], message: str,
                              capsys: pytest.CaptureFixture[str]) -> None:
@@ -80,6 +88,7 @@ def test_help_explains_chaos(capsys: pytest.CaptureFixture[str]) -> None:
     text = capsys.readouterr().out
     for kind in CHAOS_KINDS:
         assert f"  {kind} " in text
+    assert "need --classic-workers" in text
 
 
 # ---------------------------------------------------------------------------- overlap check
@@ -176,33 +185,48 @@ done
 
 
 @pytest.fixture
-def supervised_coordinator(tmp_path: Path) -> Any:
-    kafka_port, admin_port = free_port(), free_port()
-    script = tmp_path / "supervise.sh"
-    script.write_text(SUPERVISOR)
-    serve = [sys.executable, "-m", "coordinator.cli", "serve",
-             "--listen", f"127.0.0.1:{kafka_port}", "--admin-listen", f"127.0.0.1:{admin_port}",
-             "--data-dir", str(tmp_path / "data"), "--log-format", "json",
-             "--set", "group.connect.session.timeout.ms=2000",
-             "--set", "group.connect.heartbeat.interval.ms=200",
-             "--set", "group.connect.assignment.interval.ms=0"]
-    supervisor = subprocess.Popen(["bash", str(script), str(tmp_path), *serve], cwd=ROOT)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
+def supervise(tmp_path: Path) -> Any:
+    """Starts a coordinator under the supervisor loop, with extra `--set` settings."""
+    started: list[subprocess.Popen[bytes]] = []
+
+    def start(*settings: str) -> tuple[int, int, Path]:
+        kafka_port, admin_port = free_port(), free_port()
+        script = tmp_path / "supervise.sh"
+        script.write_text(SUPERVISOR)
+        serve = [sys.executable, "-m", "coordinator.cli", "serve",
+                 "--listen", f"127.0.0.1:{kafka_port}",
+                 "--admin-listen", f"127.0.0.1:{admin_port}",
+                 "--data-dir", str(tmp_path / "data"), "--log-format", "json",
+                 "--set", "group.connect.session.timeout.ms=2000",
+                 "--set", "group.connect.heartbeat.interval.ms=200",
+                 "--set", "group.connect.assignment.interval.ms=0"]
+        for setting in settings:
+            serve += ["--set", setting]
+        started.append(subprocess.Popen(["bash", str(script), str(tmp_path), *serve],
+                                        cwd=ROOT))
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if http_call("GET", f"http://127.0.0.1:{admin_port}/readyz")[0] == 200:
+                    break
+            except OSError:
+                pass
+            time.sleep(0.1)
+        return kafka_port, admin_port, tmp_path
+
+    yield start
+    for supervisor in started:
+        (tmp_path / "stop").touch()
         try:
-            if http_call("GET", f"http://127.0.0.1:{admin_port}/readyz")[0] == 200:
-                break
-        except OSError:
+            os.kill(int((tmp_path / "pid").read_text()), signal.SIGTERM)
+        except ProcessLookupError:
             pass
-        time.sleep(0.1)
-    yield kafka_port, admin_port, tmp_path
-    (tmp_path / "stop").touch()
-    pid = int((tmp_path / "pid").read_text())
-    try:
-        os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        pass
-    supervisor.wait(timeout=30)
+        supervisor.wait(timeout=30)
+
+
+@pytest.fixture
+def supervised_coordinator(supervise: Any) -> Any:
+    return supervise()
 
 
 def test_chaos_run_with_every_kind_keeps_units_single(supervised_coordinator: Any) -> None:
@@ -251,16 +275,38 @@ async def test_classic_workers_mix_in_and_keep_units_single(nursery: trio.Nurser
     handle.stop()
 
 
-async def test_groups_are_converted_live_both_ways(nursery: trio.Nursery) -> None:
-    """Workers rolled between protocols: the group turns classic and back to connect."""
-    handle: ServerHandle = await nursery.start(run_server, CLASSIC_FAST, ("127.0.0.1", 0),
-                                               ("127.0.0.1", 0))
-    report = await simulate_against(handle, "--duration", "6", "--classic-workers", "1",
-                                    "--chaos", "downgrade,upgrade", "--chaos-interval", "1",
-                                    "--converge-timeout", "15")
-    assert report["violations"] == []
-    print(report["disruptions"])
-    assert [d["kind"] for d in report["disruptions"]][:2] == ["downgrade", "upgrade"]
+
+def test_chaos_run_with_mixed_protocols_and_live_conversions(supervise: Any) -> None:
+    """Classic and new-protocol workers in two processes under every kind of chaos, the
+    group converted connect -> classic and back live, the coordinator SIGKILLed, workers
+    killed and requests lost while the group is classic and while it is connect: no unit
+    ever runs on two workers, and the group converges (of the right type) after each."""
+    kafka_port, admin_port, tmp_path = supervise(
+        "group.min.session.timeout.ms=1000", "group.initial.rebalance.delay.ms=0",
+        "group.connect.migration.policy=bidirectional")
+    report_path = tmp_path / "report.json"
+    command = [
+        sys.executable, "-m", "coordinator.cli", "simulate",
+        "--bootstrap", f"127.0.0.1:{kafka_port}", "--admin", f"http://127.0.0.1:{admin_port}",
+        "--workers", "8", "--classic-workers", "3", "--connectors", "3",
+        "--tasks-per-connector", "4", "--duration", "22",
+        "--chaos", "downgrade,kill,restart,drop,upgrade,pause,bounce,rolling",
+        "--chaos-interval", "0.3", "--downtime", "0.5", "--rebalance-delay-ms", "1000",
+        "--converge-timeout", "20", "--processes", "2", "--seed", "11",
+        "--restart-command", f"kill -9 $(cat {tmp_path / 'pid'})",
+        "--report", str(report_path)]
+    finished = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=90)
+    assert report_path.exists(), finished.stderr
+    report = json.loads(report_path.read_text())
+    assert report["violations"] == [], report["violations"]
+    assert {d["kind"] for d in report["disruptions"]} == set(CHAOS_KINDS)
     assert all(d["converged"] for d in report["disruptions"]), report["disruptions"]
+    conversions = [d["detail"] for d in report["disruptions"]
+                   if d["kind"] in ("upgrade", "downgrade")]
+    assert any("classic -> connect" in detail for detail in conversions), conversions
+    assert any("connect -> classic" in detail for detail in conversions), conversions
+    while_classic = {d["kind"] for d in report["disruptions"] if d["group_type"] == "classic"}
+    assert {"kill", "restart", "drop", "upgrade"} <= while_classic, report["disruptions"]
     assert report["converged"] is True
-    handle.stop()
+    assert report["final"]["units_running"] == report["final"]["units"] == 15
+    assert finished.returncode == 0, finished.stdout + finished.stderr
