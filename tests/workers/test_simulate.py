@@ -299,8 +299,8 @@ def test_chaos_run_with_mixed_protocols_and_live_conversions(supervise: Any) -> 
     assert report_path.exists(), finished.stderr
     report = json.loads(report_path.read_text())
     assert report["violations"] == [], report["violations"]
-    assert {d["kind"] for d in report["disruptions"]} == set(CHAOS_KINDS)
     assert all(d["converged"] for d in report["disruptions"]), report["disruptions"]
+    assert {d["kind"] for d in report["disruptions"]} == set(CHAOS_KINDS)
     conversions = [d["detail"] for d in report["disruptions"]
                    if d["kind"] in ("upgrade", "downgrade")]
     assert any("classic -> connect" in detail for detail in conversions), conversions
