@@ -71,6 +71,7 @@ from coordinator.core.result import (
     TRIGGER_METADATA_CHANGED,
     TRIGGER_REVOCATION_TIMEOUT,
     TRIGGER_SESSION_TIMEOUT,
+    TRIGGER_UNITS_RELEASED,
     AssignorRun,
     Event,
     MappingChange,
@@ -736,6 +737,7 @@ class GroupCoordinator:
                 and after.assigned is not before.assigned:
             member.assigned_wire = (target.units, target.wire)  # reached its target: no new form
         change.write(current_assignment_record(group.group_id, member.member_id, after, member))
+        self._second_round(group, before.held - after.held, change)
         key = _timer(REVOCATION_TIMER, group.group_id, member.member_id)
         if after.state is MemberState.UNREVOKED:
             if before.state is not MemberState.UNREVOKED:
@@ -758,6 +760,21 @@ class GroupCoordinator:
                 state=after.state.name,
                 assigned=len(after.assigned),
             )
+
+    def _second_round(self, group: Group, released: frozenset[Unit], change: _Change) -> None:
+        """A group that takes its units from its installs knows a unit only while a target
+        names it or a member holds it. Connect's own (classic) leader revokes a unit in
+        one round and hands it out in the next, which the revoking worker's rejoin starts;
+        a new-protocol member does not rejoin, so its release of units nobody's target
+        names starts that round (the group epoch rises), before they are forgotten."""
+        if not released or group.units_source != "installs":
+            return
+        for part in group.target.values():
+            released -= part.units
+        for other in group.members.values():
+            released -= other.current.held
+        if released:
+            self._bump(group, change, trigger=TRIGGER_UNITS_RELEASED)
 
     # ------------------------------------------------------------------ targets
     def _select_mode(self, metadata: Mapping[str, MemberMetadata]) -> tuple[str, str]:

@@ -28,6 +28,9 @@ TRIGGER_METADATA_CHANGED = "metadata_changed"  # e.g. a new worker URL, a replac
 TRIGGER_ASSIGNORS_CHANGED = "assignors_changed"  # assignor choice, reason or metadata changed
 TRIGGER_CONNECTORS_CHANGED = "connectors_changed"  # a connector was added, resized or removed
 TRIGGER_DELAYED_REBALANCE = "delayed_rebalance"  # a server assignor's scheduled re-run came due
+# A member released units its client-side assignment revoked and gave nobody (Connect's
+# classic leader leaves them to a second round, which a classic member's rejoin brings).
+TRIGGER_UNITS_RELEASED = "units_released"
 REBALANCE_TRIGGERS = (
     TRIGGER_MEMBER_JOINED,
     TRIGGER_MEMBER_LEFT,
@@ -39,6 +42,7 @@ REBALANCE_TRIGGERS = (
     TRIGGER_ASSIGNORS_CHANGED,
     TRIGGER_CONNECTORS_CHANGED,
     TRIGGER_DELAYED_REBALANCE,
+    TRIGGER_UNITS_RELEASED,
 )
 
 # Where a target assignment was computed: the `mode` field of "target_installed" events.

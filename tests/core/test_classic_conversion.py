@@ -397,3 +397,20 @@ def test_a_follower_upgraded_before_its_sync_keeps_what_it_ran() -> None:
     workers.append(newcomer)
     run(ctx, workers)
     assert frozenset().union(*(w.held for w in workers)) == UNITS
+
+
+
+def test_units_a_classic_leader_revokes_from_a_new_protocol_member_are_reassigned() -> None:
+    """Connect's classic leader never grants a unit it revokes in the same round: it counts
+    on a second round once the unit is released. A classic member's rejoin brings that
+    round; a new-protocol member's release must bring it too, or the units are lost."""
+    ctx = ClassicContext(assignment_interval_ms=0)
+    first = NewWorker(ctx, "n1")
+    run(ctx, [first], rounds=3)
+    assert first.held == UNITS  # alone, it computed and took everything
+    first._assign = lambda: None  # type: ignore[method-assign]  # now it never computes
+    classic = ClassicWorker(ctx, "c1")
+    workers: list[Any] = [first, classic]
+    run(ctx, workers, rounds=90)  # the job passes to the classic worker: it revokes
+    assert ctx.core.store.groups["g"].chosen_member == classic.member_id
+    assert frozenset().union(*(w.held for w in workers)) == UNITS
