@@ -414,3 +414,33 @@ def test_units_a_classic_leader_revokes_from_a_new_protocol_member_are_reassigne
     run(ctx, workers, rounds=90)  # the job passes to the classic worker: it revokes
     assert ctx.core.store.groups["g"].chosen_member == classic.member_id
     assert frozenset().union(*(w.held for w in workers)) == UNITS
+
+
+def test_an_upgrade_counts_units_a_leader_revoked_whose_sync_answer_was_lost() -> None:
+    """A worker that sent its SyncGroup may never have had the answer: until it says so
+    (a new JoinGroup allocation), it still runs what the answer revoked, so the connect
+    group must count them as its own, not hand them to the newcomer."""
+    ctx = ClassicContext(assignment_interval_ms=0)
+    (first,) = classic_group(ctx, 1)
+    second = ClassicWorker(ctx, "w2")
+    second.step()
+    second.step()  # parked: the join phase waits for the first worker
+    lost: list[Any] = []
+    first._synced = lost.append  # type: ignore[method-assign]  # its answer never arrives
+    first.step()  # heartbeat: rebalance; it rejoins, leads, and syncs revoking units
+    assert ctx.group().state.label == "Stable" and lost and lost[0].error == E.NONE
+    revoked = decode_assignment(lost[0].assignment).revoked
+    assert revoked and revoked <= first.held  # revoked, and it still runs them
+    newcomer = NewWorker(ctx, "n1")
+    newcomer.step()  # the upgrade
+    assert "g" in ctx.core.store.groups
+    assert first.held <= held_by_core(ctx)[first.member_id]
+    del first._synced
+    first.phase = "join"
+    workers: list[Any] = [first, second, newcomer]
+    for _ in range(30):
+        for worker in workers:
+            worker.step()
+            no_double_holding(workers)
+        ctx.advance(1_000)
+    assert frozenset().union(*(w.held for w in workers)) == UNITS

@@ -91,15 +91,18 @@ def allowed(policy: str, direction: str) -> bool:
 
 
 def classic_holdings(group: ClassicGroup) -> dict[str, frozenset[Unit]]:
-    """What each member of a classic group holds, as far as its own messages say: a
-    cooperative member (protocol version 1-2) holds the allocation its JoinGroup reported
-    minus what its last assignment revoked plus what it granted, when that assignment is
-    of the current generation, the member sent its SyncGroup for it (so it heard of it)
-    and has not rejoined since (which would have reported a newer allocation); an eager
-    member holds such an assignment, and nothing once it rejoins. A member that has not
-    heard of its assignment still runs its allocation: the units it was granted stay
-    free and its revocations not done. A unit two members claim goes to the first
-    (by member id): the other is then told to release it like any unit not in its part."""
+    """What each member of a classic group may be running, as far as its own messages
+    say: a cooperative member (protocol version 1-2) runs the allocation its JoinGroup
+    reported; once it sent its SyncGroup for the assignment of the current generation
+    (and has not rejoined since, which would have reported a newer allocation) it may
+    also run what that assignment granted. What the assignment revoked still counts: the
+    SyncGroup's answer may never have reached it, and only its next JoinGroup says it
+    let them go (counting a unit it stopped is safe, the connect engine then tells it to
+    release or keep it; missing one it runs is not). An eager member holds such an
+    assignment, and nothing once it rejoins. A member that has not asked for its
+    assignment still runs just its allocation: the units it was granted stay free. A
+    unit two members claim goes to the first (by member id): the other is then told to
+    release it like any unit not in its part."""
     name = group.meta.protocol_name
     version = PROTOCOL_VERSIONS.get(name or "", EAGER_VERSION)
     generation = group.generation
@@ -117,8 +120,7 @@ def classic_holdings(group: ClassicGroup) -> dict[str, frozenset[Unit]]:
                     and member.assignment_generation == generation
                     and member.synced_generation == generation):
                 told = decode_assignment(member.assignment)
-                units = told.assigned if version == EAGER_VERSION \
-                    else (units - told.revoked) | told.assigned
+                units = told.assigned if version == EAGER_VERSION else units | told.assigned
         except ConnectProtocolError:
             units = NO_UNITS  # bytes its leader wrote that we cannot read: holds nothing known
         held[member_id] = frozenset(units - taken)
