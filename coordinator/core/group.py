@@ -367,9 +367,9 @@ class GroupStore:
                 )
             case ConnectGroupConnectorsKey():
                 group = self.groups.get(key.group_id)
-                if group is not None and group.connectors_value is not None:
-                    return Record(key, group.connectors_value)  # the record it came from
-                return connectors_record(key.group_id, group.connectors if group else None)
+                # The record it came from; none for a group whose connectors were never
+                # set (an empty record would make it take its units from the admin API).
+                return Record(key, group.connectors_value if group is not None else None)
             case ConnectGroupMemberMetadataKey():
                 member = self._find_member(key.group_id, key.member_id)
                 return member_metadata_record(

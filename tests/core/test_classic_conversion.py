@@ -444,3 +444,23 @@ def test_an_upgrade_counts_units_a_leader_revoked_whose_sync_answer_was_lost() -
             no_double_holding(workers)
         ctx.advance(1_000)
     assert frozenset().union(*(w.held for w in workers)) == UNITS
+
+
+def test_a_rolled_back_downgrade_keeps_units_from_installs() -> None:
+    """Undoing the delete of a group without a connectors record restores no record, not
+    an empty one: an empty one would say the admin API set no connectors, and the group
+    would refuse every install after that."""
+    ctx = ClassicContext(assignment_interval_ms=0)
+    workers = classic_group(ctx)
+    newcomer = NewWorker(ctx, "n1")
+    workers.append(newcomer)
+    run(ctx, workers)
+    assert ctx.core.store.groups["g"].units_source == "installs"
+    result = ctx.core.heartbeat(ConnectGroupHeartbeatRequest(
+        group_id="g", member_id="n1", member_epoch=-1, instance_id=None, worker_url=None,
+        rebalance_timeout_ms=-1, server_assignor=None, client_assignors=None,
+        owned_connectors_and_tasks=None), ctx.now)
+    assert "g" in ctx.engine.store.groups  # downgraded, in memory only
+    ctx.core.rollback(result)
+    group = ctx.core.store.groups["g"]
+    assert group.connectors_value is None and group.units_source == "installs"
