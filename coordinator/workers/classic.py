@@ -88,6 +88,10 @@ class ClassicWorker:
         self.rejoin = True
         self.leader = False
         self.last_heartbeat_ok = 0.0
+        # The watchdog and an assignment being applied change the running units in turn,
+        # and an assignment applied after a session loss still leads to a rejoin.
+        self._units_lock = trio.Lock()
+        self._session_losses = 0
         self._runner: UnitRunner | None = None
         self._stop = trio.Event()
 
@@ -146,14 +150,16 @@ class ClassicWorker:
     async def _watchdog(self) -> None:
         while True:
             await trio.sleep(self.session_timeout_ms / 4000)
-            silent = trio.current_time() - self.last_heartbeat_ok
-            if silent * 1000 > self.session_timeout_ms and self.running_units:
-                assert self._runner is not None
-                log.info("classic_worker_lost_session", worker=self.name)
-                await self._runner.stop_all()
-                # The coordinator may still count it as holding them (only the answers
-                # were lost): rejoin and say it holds nothing now.
-                self.rejoin = True
+            async with self._units_lock:
+                silent = trio.current_time() - self.last_heartbeat_ok
+                if silent * 1000 > self.session_timeout_ms and self.running_units:
+                    assert self._runner is not None
+                    log.info("classic_worker_lost_session", worker=self.name)
+                    await self._runner.stop_all()
+                    # The coordinator may still count it as holding them (only the
+                    # answers were lost): rejoin and say it holds nothing now.
+                    self._session_losses += 1
+                    self.rejoin = True
 
     async def _loop(self, client: Any) -> None:
         while True:
@@ -173,6 +179,7 @@ class ClassicWorker:
             self.rejoin = True  # REBALANCE_IN_PROGRESS, ILLEGAL_GENERATION, ...
 
     async def _join_and_sync(self, client: Any) -> None:
+        losses = self._session_losses
         protocols = (_request(wire.JOIN_GROUP, JOIN_VERSION, "JoinGroupRequestProtocol",
                               name="sessioned", metadata=self.metadata()),)
         body = _request(wire.JOIN_GROUP, JOIN_VERSION, group_id=self.group_id,
@@ -204,9 +211,12 @@ class ClassicWorker:
         self.last_heartbeat_ok = trio.current_time()
         assignment = decode_assignment(synced.assignment)
         assert self._runner is not None
-        await self._runner.stop(assignment.revoked)  # stop first, then start
-        await self._runner.start(assignment.assigned)
-        self.rejoin = bool(assignment.revoked)  # Connect rejoins right after revoking
+        async with self._units_lock:
+            await self._runner.stop(assignment.revoked)  # stop first, then start
+            await self._runner.start(assignment.assigned)
+            # Connect rejoins right after revoking; so does a worker that stopped
+            # everything meanwhile (what it runs is no longer what it was told).
+            self.rejoin = bool(assignment.revoked) or losses != self._session_losses
         if assignment.delay_ms > 0 and not self.rejoin:
             await trio.sleep(assignment.delay_ms / 1000)
             self.rejoin = True

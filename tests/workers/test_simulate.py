@@ -292,7 +292,7 @@ def test_chaos_run_with_mixed_protocols_and_live_conversions(supervise: Any) -> 
         sys.executable, "-m", "coordinator.cli", "simulate",
         "--bootstrap", f"127.0.0.1:{kafka_port}", "--admin", f"http://127.0.0.1:{admin_port}",
         "--workers", "8", "--classic-workers", "3", "--connectors", "3",
-        "--tasks-per-connector", "4", "--duration", "22",
+        "--tasks-per-connector", "4", "--duration", "5",
         "--chaos", "downgrade,kill,restart,drop,upgrade,pause,bounce,rolling",
         "--chaos-interval", "0.3", "--downtime", "0.5", "--rebalance-delay-ms", "1000",
         "--converge-timeout", "20", "--processes", "2", "--seed", "11",
