@@ -24,7 +24,7 @@ from typing import Any
 
 from hypothesis import settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from coordinator.core.classic.conversion import classic_holdings
 from coordinator.core.classic.engine import CLASSIC_PHASE_TIMER, CLASSIC_SESSION_TIMER, Parked
@@ -123,6 +123,16 @@ class ConversionMachine(RuleBasedStateMachine):
 
     def workers(self) -> list[Any]:
         return [*self.classic.values(), *self.new.values()]
+
+    @initialize(rounds=st.integers(0, 4))
+    def classic_workers_first(self, rounds: int) -> None:
+        """Often the group starts as Connect clusters do today: classic workers that have
+        settled their units (so that upgrades convert groups whose members run some)."""
+        for _ in range(rounds):
+            for name, worker in self.classic.items():
+                self.classic_gone.discard(name)
+                self._step(name, worker.step, None, None)
+            self.ctx.advance(1_000)
 
     # ------------------------------------------------------------------ chaos around a step
     def _step(self, name: str, step: Any, fail_at: int | None, lose_at: int | None) -> None:
