@@ -502,10 +502,15 @@ class GroupCoordinator:
                 )
         if existing is not None:
             # Epoch 0 from a known member: it dropped everything and starts again (§5.1).
-            if existing.current.held or existing.current.epoch != 0:
+            dropped = existing.current.held
+            if dropped or existing.current.epoch != 0:
                 change.write(
                     current_assignment_record(group.group_id, member_id, CurrentAssignment())
                 )
+                # Nothing left to release: no revocation deadline (as a load derives).
+                change.timers.append(
+                    TimerCancel(_timer(REVOCATION_TIMER, group.group_id, member_id)))
+                self._second_round(group, dropped, change)
             change.event("member_rejoined", group, member_id)
             self._update_metadata(group, existing, request, change)
             return existing, True

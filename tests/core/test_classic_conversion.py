@@ -464,3 +464,26 @@ def test_a_rolled_back_downgrade_keeps_units_from_installs() -> None:
     ctx.core.rollback(result)
     group = ctx.core.store.groups["g"]
     assert group.connectors_value is None and group.units_source == "installs"
+
+
+def test_units_a_member_drops_by_rejoining_while_revoking_are_reassigned() -> None:
+    """As a release, a rejoin (epoch 0: it dropped everything) of a member revoking
+    units the classic leader gave nobody must bring the second round."""
+    ctx = ClassicContext(assignment_interval_ms=0)
+    first = NewWorker(ctx, "n1")
+    run(ctx, [first], rounds=3)
+    first._assign = lambda: None  # type: ignore[method-assign]  # now it never computes
+    classic = ClassicWorker(ctx, "c1")
+    for _ in range(40):  # until the classic leader revoked units from n1
+        classic.step()
+        ctx.advance(1_000)
+        member = ctx.core.store.groups["g"].members["n1"]
+        response = ctx.apply(ctx.core.heartbeat(first._request(first.epoch), ctx.now))
+        first.epoch = response.member_epoch
+        if member.current.pending_revocation:
+            break
+    assert ctx.core.store.groups["g"].members["n1"].current.pending_revocation
+    first.epoch, first.held = 0, frozenset()  # it restarts: epoch 0, running nothing
+    workers: list[Any] = [first, classic]
+    run(ctx, workers, rounds=60)
+    assert frozenset().union(*(w.held for w in workers)) == UNITS

@@ -326,6 +326,22 @@ def test_revocation_timeout_fences() -> None:
     assert "w1" not in ctx.core.store.groups[G].members
 
 
+def test_a_member_that_rejoins_while_revoking_has_no_revocation_timer_left() -> None:
+    """Epoch 0 from a known member drops what it held: it has nothing left to release, so
+    its revocation deadline goes, as a coordinator replaying the log would have none."""
+    ctx = joined("w1")
+    settle(ctx, "w1")
+    ctx.join(G, "w2")
+    response = ctx.heartbeat(G, "w1", ctx.member_view(G, "w1").member_epoch)
+    ctx.compute_and_install(G, "w1", response.member_epoch,
+                            lambda p: {"w1": units("A"), "w2": units("A-0", "A-1")})
+    ctx.heartbeat(G, "w1", ctx.member_view(G, "w1").member_epoch)
+    assert (REVOCATION_TIMER, G, "w1") in ctx.timers
+    ctx.join(G, "w1")
+    assert ctx.member_view(G, "w1").member_state != "UNREVOKED"
+    assert (REVOCATION_TIMER, G, "w1") not in ctx.timers
+
+
 def test_static_membership() -> None:
     ctx = joined()
     ctx.join(G, "m1", instance_id="i1")

@@ -33,7 +33,6 @@ told) is a record of its own (`ClassicBridgeMember`), so it survives a restart.
 
 from __future__ import annotations
 
-import uuid
 from typing import TYPE_CHECKING, Any
 
 from coordinator.connect_protocol import (
@@ -156,7 +155,8 @@ class ClassicBridge:
                           events=[Event("classic_join_refused", request.group_id,
                                         member_id or None, {"reason": str(error)})])
         if not member_id:
-            member_id = f"{request.client_id or 'member'}-{uuid.uuid4()}"
+            # (the classic engine's generator: one source of ids, replaceable in tests)
+            member_id = self.core.classic.new_member_id(request.client_id)
             if request.instance_id is None and request.require_known_member_id:
                 return Result(JoinAnswer(ErrorCode.MEMBER_ID_REQUIRED, member_id))
         group = self.core.store.groups.get(request.group_id)
