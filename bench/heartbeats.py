@@ -770,7 +770,8 @@ def _heartbeat_groups(args: argparse.Namespace) -> list[str]:
 
 async def _describe(target: Target, groups: Sequence[str]) -> Any:
     async with await KafkaClient.connect(target.host, target.port) as client:
-        return await client.request(DESCRIBE, ConnectGroupDescribeRequest(group_ids=tuple(groups)))
+        return await client.request(DESCRIBE, ConnectGroupDescribeRequest(group_ids=tuple(groups)),
+                                    api_version=1)
 
 
 def _unsettled(described: Any, members: int) -> list[str]:

@@ -94,10 +94,10 @@ PROBLEM_LOG_INTERVAL_S = 10.0
 OFFLOAD_DESCRIBE_BYTES = 32 * 1024
 
 
-def _encode_described(correlation_id: int,
-                      taken: list[describing.GroupSnapshot | tuple[str, Any]]) -> bytes:
-    return encode_response(DESCRIBE, 0, correlation_id,
-                           describing.response(taken))
+def _encode_described(version: int, correlation_id: int,
+                      taken: list[describing.Snapshot | tuple[str, Any]]) -> bytes:
+    return encode_response(DESCRIBE, version, correlation_id,
+                           describing.response(taken, version))
 
 
 # After each large request the listener's thread rests this many times as long as the
@@ -500,13 +500,13 @@ class KafkaServer:
                     f"the answer would take more than {self.max_frame_bytes} bytes "
                     f"({FIELD_KEYS['max_frame_bytes']}): describe fewer groups at once",
                     group_ids=group_ids)
-            taken = [runtime.core.describe_snapshot(group_id) for group_id in group_ids]
+            taken = [runtime.core.describe_snapshot(group_id, version) for group_id in group_ids]
             if estimate <= OFFLOAD_DESCRIBE_BYTES:
                 return encode_response(key, version, correlation,
-                                       describing.response(taken)), ErrorCode.NONE
+                                       describing.response(taken, version)), ErrorCode.NONE
             # Building and encoding take about a microsecond per answer byte: in a thread,
             # from the snapshots, while the loop answers heartbeats.
-            answer = await self._off_loop(_encode_described, correlation, taken)
+            answer = await self._off_loop(_encode_described, version, correlation, taken)
             return answer, ErrorCode.NONE
         response: Any
         try:

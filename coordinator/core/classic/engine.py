@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from coordinator.config import ServerConfig
+from coordinator.core import describe as describing
 from coordinator.core.classic.state import (
     NO_DEADLINE,
     ClassicGroup,
@@ -52,6 +53,7 @@ from coordinator.core.classic.state import (
     replace_member,
     replace_meta,
 )
+from coordinator.core.classic.view import member_views
 from coordinator.core.result import Event, Record, Result, TimerCancel, TimerKey, TimerOp, TimerSet
 from protocol.errors import ApiError, ErrorCode
 from protocol.messages import ClassicGroupMemberValue
@@ -825,6 +827,17 @@ class ClassicEngine:
             self._after_removal(group, change, now_ms, REASON_SESSION_TIMEOUT)
 
     # ------------------------------------------------------------------ views
+    def describe_snapshot(self, group_id: str) -> describing.ClassicSnapshot:
+        """A classic group as ConnectGroupDescribe (version 1+) shows it."""
+        group = self.store.groups[group_id]
+        members = tuple(
+            describing.ClassicMemberSnapshot(view.member_id, view.instance_id, view.worker_url,
+                                             view.joined_generation, view.synced_generation,
+                                             view.holds)
+            for view in sorted(member_views(group), key=lambda view: view.member_id))
+        return describing.ClassicSnapshot(group_id, group.state.name, group.meta.generation,
+                                          group.meta.protocol_name, members)
+
     def describe(self, group_id: str) -> DescribedClassicGroup | None:
         group = self.store.groups.get(group_id)
         if group is None:
