@@ -11,9 +11,10 @@ Kafka type sits in the field metadata, which is what kio's entity_reader/entity_
 A message of several versions (``"validVersions": "0-1"``, fields added with
 ``"versions": "1+"``) gets its newest version under the plain names and each older one that
 lacks some field with the version as a suffix (``ConnectGroupDescribeResponseV0``,
-``DescribedGroupV0``), each holding only the fields of its version: kio encodes a class's fields, so a client of an
-older version is answered in exactly the bytes it knows. Tagged fields are not used: a
-reader that meets a tag it does not know must skip it, and kio's reader does not.
+``DescribedGroupV0``), each holding only the fields of its version: kio encodes a class's
+fields, so a client of an older version is answered in exactly the bytes it knows. Tagged
+fields are not used: a reader that meets a tag it does not know must skip it, and kio's
+reader does not.
 """
 
 from __future__ import annotations
