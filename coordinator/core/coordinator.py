@@ -145,6 +145,14 @@ class _Change:
     def event(self, name: str, group: Group, member_id: str | None = None, **fields: Any) -> None:
         fields.setdefault("group_epoch", group.epoch)
         fields.setdefault("assignment_epoch", group.assignment_epoch)
+        fields.setdefault("group_type", "connect")
+        if member_id is not None:
+            # A member the bridge just added has no bridge record yet: the bridge marks
+            # its events itself (ClassicBridge.join).
+            bridged = self.store.classic.bridged.get((group.group_id, member_id))
+            fields.setdefault("protocol", "connect" if bridged is None else "classic")
+            if bridged is not None:
+                fields.setdefault("classic_protocol", bridged.protocol_name)
         self.events.append(Event(name, group.group_id, member_id, fields))
 
     def result(self, response: Any) -> Result[Any]:

@@ -14,7 +14,13 @@ from protocol.messages import (
     ConnectGroupDescribeResponseV0,
 )
 from tests.core.classic_context import ClassicContext
-from tests.core.test_classic_conversion import UNITS, NewWorker, classic_group, run
+from tests.core.test_classic_conversion import (
+    UNITS,
+    ClassicWorker,
+    NewWorker,
+    classic_group,
+    run,
+)
 
 
 def describe(ctx: ClassicContext, version: int, *group_ids: str) -> object:
@@ -81,3 +87,37 @@ def test_a_classic_group_is_described_by_version_1_only() -> None:
     old = describe(ctx, 0, "g")
     assert isinstance(old, ConnectGroupDescribeResponseV0)
     assert old.groups[0].error_code != 0
+
+
+def _fields(ctx: ClassicContext, name: str, member_id: str) -> dict[str, object]:
+    found = [e.fields for e in ctx.events if e.name == name and e.member_id == member_id]
+    assert found, f"no {name} event for {member_id}"
+    return dict(found[-1])
+
+
+def test_join_and_leave_log_lines_say_the_group_type_and_the_members_protocol() -> None:
+    ctx = ClassicContext(assignment_interval_ms=0)
+    workers = classic_group(ctx)
+    first = workers[0].member_id
+    joined = _fields(ctx, "classic_member_joined", first)
+    assert (joined["group_type"], joined["protocol"]) == ("classic", "classic")
+    newcomer = NewWorker(ctx, "n1")
+    workers.append(newcomer)
+    run(ctx, workers)  # upgraded by n1's join
+    new_joined = _fields(ctx, "member_joined", "n1")
+    assert (new_joined["group_type"], new_joined["protocol"]) == ("connect", "connect")
+    assert "classic_protocol" not in new_joined
+    # A classic worker that joins the connect group now is bridged from its first join.
+    late = ClassicWorker(ctx, "w9")
+    workers.append(late)
+    run(ctx, workers)
+    bridged_join = _fields(ctx, "member_joined", late.member_id)
+    assert (bridged_join["group_type"], bridged_join["protocol"],
+            bridged_join["classic_protocol"]) == ("connect", "classic", "sessioned")
+    # Its leave says so too.
+    workers.remove(late)
+    ctx.leave((late.member_id, None))
+    left = [e.fields for e in ctx.events
+            if e.name.startswith("member_removed") and e.member_id == late.member_id]
+    assert left and (left[-1]["protocol"], left[-1]["classic_protocol"]) == (
+        "classic", "sessioned")

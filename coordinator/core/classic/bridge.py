@@ -190,6 +190,10 @@ class ClassicBridge:
                                             undo=[self.store.current_record(record.key)])
         self.store.replay(record)
         results.append(bridge_change)
+        for event in result.events:  # logged before its bridge record existed
+            if event.member_id == member_id:
+                event.fields["protocol"] = "classic"
+                event.fields["classic_protocol"] = protocol
         self._own_session(result, request.group_id, member_id, request.session_timeout_ms,
                           now_ms)
         leader, members = "", tuple[JoinMember, ...]()

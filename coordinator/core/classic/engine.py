@@ -220,6 +220,10 @@ class _Change:
               **fields: Any) -> None:
         fields.setdefault("generation", group.generation)
         fields.setdefault("group_type", "classic")
+        if member_id is not None:
+            fields.setdefault("protocol", "classic")
+            if group.meta.protocol_name is not None:  # chosen once a join phase completes
+                fields.setdefault("classic_protocol", group.meta.protocol_name)
         self.events.append(Event(name, group.group_id, member_id, fields))
 
     def result(self, response: Any) -> Result[Any]:
