@@ -114,6 +114,11 @@ def _then_rest(fn: Callable[..., T], *args: Any) -> T:
         time.sleep((time.perf_counter() - started) * REST_RATIO)
 
 
+def _group_type(runtime: Runtime, group_id: str) -> str:
+    """The type of the group that answered (a group converted meanwhile: its new type)."""
+    return "classic" if group_id in runtime.core.classic.store.groups else "connect"
+
+
 class ProblemLog:
     """One connection's (or the listener's) problem lines: the first of each kind at once,
     then at most one line per `interval_s`, telling how many were not logged since."""
@@ -453,14 +458,21 @@ class KafkaServer:
             engine = runtime.core.classic
             try:
                 if key == JOIN_GROUP:
+                    arrived = time.perf_counter()
                     host = (str(peer[0]) if isinstance(peer, tuple)
                             else str(peer).rpartition(":")[0] if peer else "")
                     join = classic.join_request(body, version, request.client_id, host)
                     answer = await runtime.classic(engine.join, join)
                     response, code = classic.join_response(version, answer), answer.error
+                    runtime.metrics.classic_join(_group_type(runtime, join.group_id),
+                                                 time.perf_counter() - arrived)
                 elif key == SYNC_GROUP:
-                    answer = await runtime.classic(engine.sync, classic.sync_request(body))
+                    arrived = time.perf_counter()
+                    synced = classic.sync_request(body)
+                    answer = await runtime.classic(engine.sync, synced)
                     response, code = classic.sync_response(version, answer), answer.error
+                    runtime.metrics.classic_sync(_group_type(runtime, synced.group_id),
+                                                 time.perf_counter() - arrived)
                 elif key == HEARTBEAT_V:
                     beat = await runtime.classic(engine.heartbeat,
                                                  classic.heartbeat_request(body))
