@@ -20,8 +20,8 @@ EPILOG = """\
 commands:
   serve      run the coordinator (KRPC listener, admin HTTP API, durable log)
   describe   show groups, their epochs and members' assignments
-  bench      benchmarks: codec | core | heartbeats | assignor | install | log | replay |
-             hostile | proxy
+  bench      benchmarks: codec | core | heartbeats | classic | assignor | install | log |
+             replay | hostile | proxy
   log        log tools: check | dump | compact | snapshot
   simulate   fake Connect workers under chaos, checked for units run twice
   metrics    record /metrics scrapes (or a Prometheus range) as Parquet
@@ -107,6 +107,7 @@ BENCHES: dict[str, str] = {
     "codec": "bench.codec",
     "assignor": "bench.assignors",
     "heartbeats": "bench.heartbeats",
+    "classic": "bench.classic",
     "core": "bench.core",
     "log": "bench.log",
     "replay": "bench.replay",
