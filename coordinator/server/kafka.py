@@ -58,7 +58,7 @@ from protocol.classic import (
 )
 from protocol.classic import HEARTBEAT as HEARTBEAT_V
 from protocol.errors import ErrorCode
-from protocol.fastpath import encode_heartbeat_response
+from protocol.fastpath import encode_classic_heartbeat_response, encode_heartbeat_response
 from protocol.framing import (
     API_VERSIONS,
     DecodedRequest,
@@ -476,7 +476,8 @@ class KafkaServer:
                 elif key == HEARTBEAT_V:
                     beat = await runtime.classic(engine.heartbeat,
                                                  classic.heartbeat_request(body))
-                    response, code = classic.heartbeat_response(version, beat.error), beat.error
+                    code = int(beat.error)
+                    return encode_classic_heartbeat_response(version, correlation, code), code
                 elif key == LEAVE_GROUP:
                     left = await runtime.classic(engine.leave,
                                                  classic.leave_request(body, version))
