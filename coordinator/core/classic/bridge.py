@@ -233,11 +233,13 @@ class ClassicBridge:
     def _own_session(result: Result[Any], group_id: str, member_id: str, timeout_ms: int,
                      now_ms: int) -> None:
         """A classic member's session is the one its JoinGroup asked for: its session
-        timer, armed by the heartbeat at the group's timeout, is moved to its own."""
-        if any(isinstance(op, TimerSet) and op.key == (SESSION_TIMER, group_id, member_id)
-               for op in result.timers):
-            result.timers.append(TimerSet((SESSION_TIMER, group_id, member_id),
-                                          now_ms + timeout_ms))
+        timer, armed by the heartbeat at the group's timeout, is moved to its own (in
+        place: one timer operation, not two)."""
+        key = (SESSION_TIMER, group_id, member_id)
+        timers = result.timers
+        for index, op in enumerate(timers):
+            if isinstance(op, TimerSet) and op.key == key:
+                timers[index] = TimerSet(key, now_ms + timeout_ms)
 
     def _leader_view(self, group_id: str, prepared: Any) -> JoinMember:
         """A member's metadata for the leader, its allocation being what it holds."""
