@@ -370,8 +370,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if min(args.processes, args.rounds, args.groups, args.workers_per_group, args.members,
            args.joiners, args.connectors) < 1 or args.duration <= 0:
         parser.error("counts must be >= 1 and --duration > 0")
-    # What coordinator() in bench/heartbeats.py reads: always a subprocess with a log.
+    # What coordinator() in bench/heartbeats.py reads: always a subprocess with a log, and
+    # room for a connection per member and the bench's own (--set may say otherwise).
     args.bootstrap, args.admin, args.in_process, args.in_memory = None, None, False, False
+    args.set = [f"server.max.connections={max(1_000, 2 * args.members + 100)}", *args.set]
     try:
         result = trio.run(run_heartbeats if args.which == "heartbeats" else run_join, args)
     except (BenchError, BaseExceptionGroup) as raised:

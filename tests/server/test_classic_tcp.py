@@ -349,3 +349,23 @@ async def test_bridged_join_and_sync_count_as_connect(nursery: trio.Nursery) -> 
         "classic": 0.0, "connect": 2.0}
     assert after.value(P + "classic_sync_seconds_count", group_type="connect") == 1.0
     handle.stop()
+
+
+async def test_connect_group_describe_v1_finds_a_classic_group_and_v0_does_not(
+        server: ServerHandle) -> None:
+    from protocol.messages import ConnectGroupDescribeRequest
+
+    one, a = await _member(server)
+    joined = await join(one, a)
+    await sync(one, a, int(joined.generation_id), assignments={a: b""})
+    request = ConnectGroupDescribeRequest(group_ids=("g",))
+    async with await connect(server) as side:
+        newer = await side.request(1003, request, 1)
+        older = await side.request(1003, request, 0)
+    (group,) = newer.groups
+    assert (group.error_code, group.group_type, group.group_state) == (0, "classic", "STABLE")
+    assert [(m.member_id, m.protocol, m.classic_protocol) for m in group.members] == [
+        (a, "classic", "sessioned")]
+    assert older.groups[0].error_code == E.GROUP_ID_NOT_FOUND
+    assert not hasattr(older.groups[0], "group_type")
+    await one.aclose()
