@@ -101,6 +101,8 @@ from protocol.messages import ConnectGroupDescribeRequest, ConnectGroupHeartbeat
 
 PROG = "connect-coordinator bench heartbeats"
 HEARTBEAT = 1000
+CLASSIC_HEARTBEAT = 12  # Kafka's Heartbeat, which classic members send
+TIMED_APIS = (HEARTBEAT, CLASSIC_HEARTBEAT)
 DESCRIBE = 1003
 LOAD_PROCESS_FLAG = "--load-process"
 TARGET_P99_RATIO = 1.2
@@ -203,9 +205,12 @@ class Recorder:
         return self.start <= sent < self.end
 
     def answered(self, sent: float, request: Any, response: Any) -> None:
-        if response.error_code != 0:
-            self.errors[error_name(response.error_code)] += 1
-        elif request.member_epoch <= 0 or response.assignment is not None:
+        # A classic Heartbeat's code is kio's enum and it carries no epoch or assignment.
+        code = int(getattr(response.error_code, "value", response.error_code))
+        if code != 0:
+            self.errors[error_name(code)] += 1
+        elif (getattr(request, "member_epoch", 1) <= 0
+              or getattr(response, "assignment", None) is not None):
             self.unstable += 1
         else:
             self.latencies_ms.append((time.perf_counter() - sent) * 1000.0)
@@ -214,14 +219,15 @@ class Recorder:
 
 
 class TimedClient(KafkaClient):
-    """The worker library's client, timing every heartbeat for the process's Recorder."""
+    """The worker library's client, timing every heartbeat (ConnectGroupHeartbeat, or a
+    classic member's Heartbeat) for the process's Recorder."""
 
     def __init__(self, stream: trio.SocketStream, client_id: str, recorder: Recorder) -> None:
         super().__init__(stream, client_id)
         self.recorder = recorder
 
     async def request(self, api_key: int, body: Any, api_version: int = 0) -> Any:
-        if api_key != HEARTBEAT:
+        if api_key not in TIMED_APIS:
             return await super().request(api_key, body, api_version)
         recorder = self.recorder
         sent = time.perf_counter()
@@ -292,7 +298,8 @@ async def _load_process(plan: dict[str, Any], out: Any) -> None:
         out.flush()
 
     recorder = Recorder()
-    load = (_RawLoad if plan.get("client") == "raw" else _WorkerLoad)(plan, recorder)
+    loads: dict[str, type[Any]] = {"raw": _RawLoad, "classic": _ClassicLoad}
+    load = loads.get(plan.get("client", "worker"), _WorkerLoad)(plan, recorder)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(load.run_all)
         send({"event": "started", "workers": len(plan["workers"])})
@@ -324,7 +331,7 @@ class _WorkerLoad:
         host, port = plan["host"], plan["port"]
         self.plan = plan
         self.failures: list[str] = []
-        self.workers = []
+        self.workers: list[Any] = []
         self._all_left = trio.Event()
         for group, member in plan["workers"]:
             async def connect(member: str = member) -> KafkaClient:
@@ -354,6 +361,35 @@ class _WorkerLoad:
             await self._all_left.wait()
         if scope.cancelled_caught:
             self.failures.append("some workers did not leave within 10 s")
+
+
+class _ClassicLoad(_WorkerLoad):
+    """`--load-client classic`: the worker library's classic workers (Connect's
+    `WorkerCoordinator` with `sessioned`: JoinGroup, SyncGroup, then a Heartbeat every
+    INTERVAL_MS), each on its own `TimedClient`. A leader assigns the plan's `units`
+    (connector -> tasks: the group's connectors, which a Connect leader reads from its
+    config topic)."""
+
+    def __init__(self, plan: dict[str, Any], recorder: Recorder) -> None:
+        from coordinator.units import units_of
+        from coordinator.workers.classic import ClassicWorker
+        from coordinator.workers.registry import UnitRegistry
+
+        registry = UnitRegistry()
+        host, port = plan["host"], plan["port"]
+        units = units_of(plan.get("units", {}))
+        self.plan = plan
+        self.failures = []
+        self.workers = []
+        self._all_left = trio.Event()
+        for group, member in plan["workers"]:
+            async def connect(member: str = member) -> KafkaClient:
+                return TimedClient(await trio.open_tcp_stream(host, port), member, recorder)
+
+            self.workers.append(ClassicWorker(
+                member, group, (host, port), registry, lambda: units,
+                heartbeat_interval_ms=plan["interval_ms"],
+                session_timeout_ms=plan.get("session_timeout_ms", 10_000), connect=connect))
 
 
 class _RawLoad:
@@ -764,13 +800,19 @@ def _plan_workers(args: argparse.Namespace, tag: str) -> list[list[list[str]]]:
     return shares
 
 
+def _connectors(args: argparse.Namespace) -> dict[str, int]:
+    """Each heartbeat group's connectors: name -> tasks."""
+    return {f"connector-{index}": args.tasks for index in range(args.connectors)}
+
+
 def _heartbeat_groups(args: argparse.Namespace) -> list[str]:
     return [f"{args.group}-{g}" for g in range(args.groups)]
 
 
 async def _describe(target: Target, groups: Sequence[str]) -> Any:
     async with await KafkaClient.connect(target.host, target.port) as client:
-        return await client.request(DESCRIBE, ConnectGroupDescribeRequest(group_ids=tuple(groups)))
+        return await client.request(DESCRIBE, ConnectGroupDescribeRequest(group_ids=tuple(groups)),
+                                    api_version=1)
 
 
 def _unsettled(described: Any, members: int) -> list[str]:
@@ -1242,9 +1284,9 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
     report: dict[str, Any] = {}
     async with coordinator(args) as target, trio.open_nursery() as nursery:
         for group in groups:
-            for index in range(args.connectors):
-                await admin("PUT", f"{target.admin}/groups/{group}/connectors/connector-{index}",
-                            {"tasks": args.tasks})
+            for name, tasks in _connectors(args).items():
+                await admin("PUT", f"{target.admin}/groups/{group}/connectors/{name}",
+                            {"tasks": tasks})
         big = BigGroup(target, args, tag) if args.assignor_load else None
         if big is not None:
             report["assignor_setup_s"] = round(await big.set_up(nursery, args.settle_timeout), 1)
@@ -1255,8 +1297,8 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
                 processes.append(await LoadProcess.start({
                     "host": target.host, "port": target.port, "interval_ms": args.interval_ms,
                     "request_timeout_ms": args.request_timeout_ms, "workers": share,
-                    "load_gc": args.load_gc,
-                    "client": args.load_client}))
+                    "load_gc": args.load_gc, "client": args.load_client,
+                    "units": _connectors(args)}))
             for process in processes:
                 await process.receive("started")
             settle = await _wait_stable(target, groups, args.workers_per_group,
@@ -1360,12 +1402,14 @@ def build_parser() -> argparse.ArgumentParser:
                       help="load processes (default %(default)s)")
     load.add_argument("--groups", type=int, default=4, help="default %(default)s")
     load.add_argument("--workers-per-group", type=int, default=50, help="default %(default)s")
-    load.add_argument("--load-client", choices=["worker", "raw"], default="worker",
+    load.add_argument("--load-client", choices=["worker", "raw", "classic"],
+                      default="worker",
                       help="worker: the worker library's Workers, as Connect workers behave; "
                            "raw: members that only heartbeat (join, acknowledge, then a "
                            "stable heartbeat every INTERVAL_MS), so the latency leaves out "
-                           "the worker library's own work in the load process "
-                           "(default %(default)s)")
+                           "the worker library's own work in the load process; classic: "
+                           "classic workers (JoinGroup, SyncGroup, Heartbeat), bridged into "
+                           "the connect groups (default %(default)s)")
     load.add_argument("--connectors", type=int, default=2,
                       help="connectors per group (default %(default)s)")
     load.add_argument("--tasks", type=int, default=25,

@@ -20,8 +20,8 @@ EPILOG = """\
 commands:
   serve      run the coordinator (KRPC listener, admin HTTP API, durable log)
   describe   show groups, their epochs and members' assignments
-  bench      benchmarks: codec | core | heartbeats | assignor | install | log | replay |
-             hostile | proxy
+  bench      benchmarks: codec | core | heartbeats | classic | assignor | install | log |
+             replay | hostile | proxy
   log        log tools: check | dump | compact | snapshot
   simulate   fake Connect workers under chaos, checked for units run twice
   metrics    record /metrics scrapes (or a Prometheus range) as Parquet
@@ -107,6 +107,7 @@ BENCHES: dict[str, str] = {
     "codec": "bench.codec",
     "assignor": "bench.assignors",
     "heartbeats": "bench.heartbeats",
+    "classic": "bench.classic",
     "core": "bench.core",
     "log": "bench.log",
     "replay": "bench.replay",
@@ -350,7 +351,7 @@ async def _describe_groups(host: str, port: int, groups: list[str]) -> list[dict
         async with client:
             with trio.fail_after(DESCRIBE_TIMEOUT_S):
                 response = await client.request(
-                    1003, ConnectGroupDescribeRequest(group_ids=tuple(groups)))
+                    1003, ConnectGroupDescribeRequest(group_ids=tuple(groups)), api_version=1)
     except trio.TooSlowError:
         raise CommandError(f"no answer from {where} within {DESCRIBE_TIMEOUT_S:g} s: is it "
                            f"a coordinator? {hint}") from None
@@ -373,11 +374,13 @@ def _units(value: Any) -> list[str]:
 def _group_json(group: Any) -> dict[str, Any]:
     return {
         "group_id": group.group_id, "error_code": group.error_code,
-        "error_message": group.error_message, "state": group.group_state,
+        "error_message": group.error_message, "type": group.group_type,
+        "units_source": group.units_source, "state": group.group_state,
         "group_epoch": group.group_epoch, "assignment_epoch": group.assignment_epoch,
         "assignor": group.assignor_name, "units": _units(group.connectors_and_tasks),
         "members": [{
             "member_id": m.member_id, "instance_id": m.instance_id, "worker_url": m.worker_url,
+            "protocol": m.protocol, "classic_protocol": m.classic_protocol,
             "member_epoch": m.member_epoch, "state": m.member_state,
             "assigned": _units(m.assigned), "pending_revocation": _units(m.pending_revocation),
             "target": _units(m.target)} for m in group.members],
@@ -390,13 +393,17 @@ def render_table(groups: list[dict[str, Any]]) -> str:
         if group["error_code"]:
             lines.append(f"GROUP {group['group_id']}: {group['error_message']}")
             continue
-        lines.append(f"GROUP {group['group_id']}  state={group['state']}  "
+        lines.append(f"GROUP {group['group_id']}  type={group['type']}  "
+                     f"state={group['state']}  "
                      f"group_epoch={group['group_epoch']}  "
                      f"assignment_epoch={group['assignment_epoch']}  "
-                     f"assignor={group['assignor']}  units={len(group['units'])}")
-        header = ("MEMBER", "INSTANCE", "EPOCH", "STATE", "ASSIGNED", "PENDING", "TARGET")
+                     f"assignor={group['assignor']}  units={len(group['units'])} "
+                     f"(from {group['units_source']})")
+        header = ("MEMBER", "INSTANCE", "PROTOCOL", "EPOCH", "STATE", "ASSIGNED", "PENDING",
+                  "TARGET")
         rows = [header] + [(
-            m["member_id"], m["instance_id"] or "-", str(m["member_epoch"]), m["state"],
+            m["member_id"], m["instance_id"] or "-", _protocol(m), str(m["member_epoch"]),
+            m["state"],
             _short(m["assigned"]), _short(m["pending_revocation"]), _short(m["target"]))
             for m in group["members"]]
         widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
@@ -405,6 +412,12 @@ def render_table(groups: list[dict[str, Any]]) -> str:
                                           for cell, width in zip(row, widths, strict=True)))
         lines.append("")
     return "\n".join(lines).rstrip()
+
+
+def _protocol(member: dict[str, Any]) -> str:
+    """`connect`, or `classic` with the protocol the worker was told: classic/sessioned."""
+    told = member["classic_protocol"]
+    return f"{member['protocol']}/{told}" if told else str(member["protocol"])
 
 
 def _short(units: list[str], limit: int = 6) -> str:

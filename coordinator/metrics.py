@@ -98,6 +98,14 @@ LATENCY_BUCKETS = (
 TIME_TO_STABLE_BUCKETS = (
     0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0,
 )
+# From a JoinGroup's (or SyncGroup's) arrival to its answer: a bridged call is answered
+# once durable (milliseconds), a classic group's waits at its barrier, up to the rebalance
+# timeout (minutes).
+CLASSIC_CALL_BUCKETS = (
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+    30.0, 60.0, 120.0, 300.0,
+)
+GROUP_TYPES = ("classic", "connect")
 SEGMENT_SUFFIX = ".log"  # coordinator.log.segments.SEGMENT_SUFFIX
 
 
@@ -398,6 +406,23 @@ class Metrics:
             ["reason"],
             registry=registry,
         )
+        self.classic_join_seconds = Histogram(
+            PREFIX + "classic_join_seconds",
+            "Time from a JoinGroup's arrival to its answer (for a classic group, the wait "
+            "at the join barrier included), by the type of the group that answered it.",
+            ["group_type"],
+            buckets=CLASSIC_CALL_BUCKETS,
+            registry=registry,
+        )
+        self.classic_sync_seconds = Histogram(
+            PREFIX + "classic_sync_seconds",
+            "Time from a SyncGroup's arrival to its answer (for a classic group, the wait "
+            "for the leader's assignment included), by the type of the group that answered "
+            "it.",
+            ["group_type"],
+            buckets=CLASSIC_CALL_BUCKETS,
+            registry=registry,
+        )
         self.group_conversions = Counter(
             PREFIX + "group_conversions",
             "Live conversions of a group between the classic and the connect type, by "
@@ -465,6 +490,9 @@ class Metrics:
             self.classic_rebalances.labels(reason)
         for direction in CONVERSION_DIRECTIONS:
             self.group_conversions.labels(direction)
+        for group_type in GROUP_TYPES:
+            self.classic_join_seconds.labels(group_type)
+            self.classic_sync_seconds.labels(group_type)
         for mode in ASSIGNMENT_MODES:
             self.target_assignments.labels(mode)
         for outcome in COMPACTION_OUTCOMES:
@@ -500,6 +528,16 @@ class Metrics:
         """A classic group's join phase started (one of CLASSIC_REBALANCE_REASONS)."""
         if reason in CLASSIC_REBALANCE_REASONS:
             self.classic_rebalances.labels(reason).inc()
+
+    def classic_join(self, group_type: str, seconds: float) -> None:
+        """A JoinGroup answered after `seconds`, by a group of `group_type`."""
+        if group_type in GROUP_TYPES:
+            self.classic_join_seconds.labels(group_type).observe(seconds)
+
+    def classic_sync(self, group_type: str, seconds: float) -> None:
+        """A SyncGroup answered after `seconds`, by a group of `group_type`."""
+        if group_type in GROUP_TYPES:
+            self.classic_sync_seconds.labels(group_type).observe(seconds)
 
     def group_converted(self, direction: str) -> None:
         """A group changed type (one of CONVERSION_DIRECTIONS)."""

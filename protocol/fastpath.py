@@ -1,4 +1,5 @@
-"""Hand-packed encoding of the most frequent shapes: heartbeat responses and unit lists.
+"""Hand-packed encoding of the most frequent shapes: heartbeat responses (a new-protocol
+member's and a classic member's) and unit lists.
 
 A stable member's heartbeat answer is fixed-shape; packing it with struct is several times
 cheaper than the generic entity writer. A member's units (`ConnectorsAndTasks`) go out in
@@ -51,6 +52,25 @@ def encode_heartbeat_response(correlation_id: int,
     size = 4 + 1 + 4 + 2 + len(text) + len(body)
     return (_HEAD.pack(size, correlation_id, 0, response.throttle_time_ms, response.error_code)
             + text + body)
+
+
+# Kafka's Heartbeat response: header v0 and error code (v0); throttle first (v1-v3); header
+# v1 and tagged fields (v4, flexible).
+_CLASSIC_HEARTBEAT_V0 = struct.Struct(">iih")
+_CLASSIC_HEARTBEAT_V1 = struct.Struct(">iiih")
+_CLASSIC_HEARTBEAT_V4 = struct.Struct(">iiBihB")
+CLASSIC_HEARTBEAT_VERSIONS = range(5)
+
+
+def encode_classic_heartbeat_response(version: int, correlation_id: int, code: int) -> bytes:
+    """The framed answer to a classic member's Heartbeat (v0-v4): no throttle, `code`."""
+    if version == 0:
+        return _CLASSIC_HEARTBEAT_V0.pack(6, correlation_id, code)
+    if version < 4:
+        return _CLASSIC_HEARTBEAT_V1.pack(10, correlation_id, 0, code)
+    if version == 4:
+        return _CLASSIC_HEARTBEAT_V4.pack(12, correlation_id, 0, 0, code, 0)
+    raise ValueError(f"Heartbeat version {version} is not served")
 
 
 def connectors_and_tasks_bytes(units: ConnectorsAndTasks) -> bytes:

@@ -53,6 +53,7 @@ from protocol.guard import (
 from protocol.messages import (
     ConnectGroupDescribeRequest,
     ConnectGroupDescribeResponse,
+    ConnectGroupDescribeResponseV0,
     ConnectGroupHeartbeatRequest,
     ConnectGroupHeartbeatResponse,
     ConnectGroupInstallAssignmentRequest,
@@ -60,7 +61,7 @@ from protocol.messages import (
     ConnectGroupPrepareAssignmentRequest,
     ConnectGroupPrepareAssignmentResponse,
 )
-from protocol.messages.connect_group_describe_response import DescribedGroup
+from protocol.messages.connect_group_describe_response import DescribedGroup, DescribedGroupV0
 
 API_VERSIONS = 18
 CONNECT_GROUP_HEARTBEAT = 1000
@@ -73,7 +74,7 @@ SUPPORTED_APIS: dict[int, tuple[int, int]] = {
     CONNECT_GROUP_HEARTBEAT: (0, 0),
     CONNECT_GROUP_PREPARE_ASSIGNMENT: (0, 0),
     CONNECT_GROUP_INSTALL_ASSIGNMENT: (0, 0),
-    CONNECT_GROUP_DESCRIBE: (0, 0),
+    CONNECT_GROUP_DESCRIBE: (0, 1),
 } | {api_key: (low, high) for api_key, (_, low, high) in classic.CLASSIC_APIS.items()}
 """API key -> (min version, max version) the coordinator serves."""
 
@@ -104,6 +105,7 @@ ResponseBody: TypeAlias = (
     | ConnectGroupPrepareAssignmentResponse
     | ConnectGroupInstallAssignmentResponse
     | ConnectGroupDescribeResponse
+    | ConnectGroupDescribeResponseV0
 )
 
 _API_VERSIONS_MODULES = (
@@ -133,7 +135,8 @@ REQUEST_CLASSES.update({
     (CONNECT_GROUP_HEARTBEAT, 0): ConnectGroupHeartbeatRequest,
     (CONNECT_GROUP_PREPARE_ASSIGNMENT, 0): ConnectGroupPrepareAssignmentRequest,
     (CONNECT_GROUP_INSTALL_ASSIGNMENT, 0): ConnectGroupInstallAssignmentRequest,
-    (CONNECT_GROUP_DESCRIBE, 0): ConnectGroupDescribeRequest,
+    (CONNECT_GROUP_DESCRIBE, 0): ConnectGroupDescribeRequest,  # the same fields in v0 and v1
+    (CONNECT_GROUP_DESCRIBE, 1): ConnectGroupDescribeRequest,
 })
 """(API key, version) -> request class."""
 
@@ -145,7 +148,8 @@ RESPONSE_CLASSES.update({
     (CONNECT_GROUP_HEARTBEAT, 0): ConnectGroupHeartbeatResponse,
     (CONNECT_GROUP_PREPARE_ASSIGNMENT, 0): ConnectGroupPrepareAssignmentResponse,
     (CONNECT_GROUP_INSTALL_ASSIGNMENT, 0): ConnectGroupInstallAssignmentResponse,
-    (CONNECT_GROUP_DESCRIBE, 0): ConnectGroupDescribeResponse,
+    (CONNECT_GROUP_DESCRIBE, 0): ConnectGroupDescribeResponseV0,
+    (CONNECT_GROUP_DESCRIBE, 1): ConnectGroupDescribeResponse,
 })
 """(API key, version) -> response class."""
 
@@ -565,18 +569,21 @@ def error_response(
         served = api_version if low <= api_version <= high else low
         return encode_response(api_key, served, correlation_id,
                                classic.error_body(api_key, served, code, tuple(group_ids)))
-    # Connect APIs exist in v0 only; an unsupported version is still answered with v0.
-    response_type = RESPONSE_CLASSES[api_key, 0]
+    # A Connect API's unsupported version is answered with v0.
+    low, high = SUPPORTED_APIS[api_key]
+    served = api_version if low <= api_version <= high else 0
+    response_type = RESPONSE_CLASSES[api_key, served]
     error_fields: dict[str, Any] = {"error_code": int(code), "error_message": message}
-    if response_type is ConnectGroupDescribeResponse:
+    if api_key == CONNECT_GROUP_DESCRIBE:
+        group_type = DescribedGroup if served else DescribedGroupV0
         groups = tuple(
-            zero_entity(DescribedGroup, group_id=group_id, **error_fields)
+            zero_entity(group_type, group_id=group_id, **error_fields)
             for group_id in (group_ids or ("",))
         )
         response = zero_entity(response_type, groups=groups)
     else:
         response = zero_entity(response_type, **error_fields)
-    return encode_response(api_key, 0, correlation_id, response)
+    return encode_response(api_key, served, correlation_id, response)
 
 
 # -- client side ---------------------------------------------------------------------------

@@ -7,6 +7,14 @@ Each ``schemas/FooBar.json`` becomes ``protocol/messages/foo_bar.py``. The ``com
 (ConnectorTaskId, ConnectorsAndTasks) are generated once into ``common.py`` and imported by
 the modules that use them. Annotations are plain Python types (``int``, ``str``, ...); the
 Kafka type sits in the field metadata, which is what kio's entity_reader/entity_writer use.
+
+A message of several versions (``"validVersions": "0-1"``, fields added with
+``"versions": "1+"``) gets its newest version under the plain names and each older one that
+lacks some field with the version as a suffix (``ConnectGroupDescribeResponseV0``,
+``DescribedGroupV0``), each holding only the fields of its version: kio encodes a class's
+fields, so a client of an older version is answered in exactly the bytes it knows. Tagged
+fields are not used: a reader that meets a tag it does not know must skip it, and kio's
+reader does not.
 """
 
 from __future__ import annotations
@@ -82,11 +90,27 @@ def load_schema(path: Path) -> dict[str, Any]:
         raise SchemaError(f"{path.name}: unsupported message type {schema['type']!r}")
     if "apiKey" not in schema:
         raise SchemaError(f"{path.name}: missing 'apiKey'")
-    if schema["validVersions"] != "0":
-        raise SchemaError(f"{path.name}: only version 0 is supported")
+    if _newest_version(schema["validVersions"]) is None:
+        raise SchemaError(f"{path.name}: validVersions must be '0' or '0-N'")
     if schema["flexibleVersions"] not in ("0+", "none"):
         raise SchemaError(f"{path.name}: flexibleVersions must be '0+' or 'none'")
     return schema
+
+
+def _newest_version(valid: object) -> int | None:
+    """The newest version of ``validVersions`` ("0" or "0-N"), None if it is neither."""
+    match = re.fullmatch(r"0(?:-([1-9][0-9]?))?", str(valid))
+    if match is None:
+        return None
+    return int(match.group(1) or 0)
+
+
+def _first_version(field: dict[str, Any], key: str = "versions") -> int:
+    """The first version of a field's ``versions`` (or ``nullableVersions``), "N+"."""
+    match = re.fullmatch(r"([0-9]+)\+", str(field.get(key, "0+")))
+    if match is None:
+        raise SchemaError(f"{field.get('name')}: {key} must be 'N+'")
+    return int(match.group(1))
 
 
 @dataclass(frozen=True)
@@ -95,14 +119,16 @@ class StructDef:
     fields: tuple[dict[str, Any], ...]
 
 
-def _check_field(owner: str, field: dict[str, Any]) -> None:
+def _check_field(owner: str, field: dict[str, Any], newest: int = 0) -> None:
     for key in ("name", "type"):
         if key not in field:
             raise SchemaError(f"{owner}: a field lacks {key!r}")
     if "taggedVersions" in field or "tag" in field:
         raise SchemaError(f"{owner}.{field['name']}: tagged fields are not supported")
-    if field.get("versions", "0+") != "0+":
-        raise SchemaError(f"{owner}.{field['name']}: every field must exist from version 0")
+    first = _first_version(field)
+    if first > newest:
+        raise SchemaError(f"{owner}.{field['name']}: versions {field['versions']} "
+                          f"start after the newest version {newest}")
 
 
 def _escape_docstring(text: str) -> str:
@@ -136,12 +162,16 @@ class ModuleBuilder:
         self.structs: dict[str, StructDef] = {}
         self.used_common: set[str] = set()
         self.uses_none_default = False
+        self.newest = _newest_version(schema.get("validVersions", "0")) or 0
+        # The version being rendered, and the suffix of its struct names ("" for the newest).
+        self.version = self.newest
+        self.suffix = ""
 
     # -- collecting structs ------------------------------------------------------------
 
     def collect(self, struct: StructDef) -> None:
         for field in struct.fields:
-            _check_field(struct.name, field)
+            _check_field(struct.name, field, self.newest)
             if "fields" in field:
                 nested = StructDef(field["type"].removeprefix("[]"), tuple(field["fields"]))
                 self.collect(nested)
@@ -169,7 +199,7 @@ class ModuleBuilder:
                 raise SchemaError(f"{owner}.{field['name']}: a primitive cannot have fields")
             python, meta = PRIMITIVES[element], element
         elif "fields" in field or element in self.structs:
-            python, meta = element, None
+            python, meta = element + self.suffix, None
         elif element in self.common:
             if element not in self.declared_common:
                 raise SchemaError(
@@ -182,8 +212,9 @@ class ModuleBuilder:
         if is_array:
             python = f"tuple[{python}, ...]"
         if "nullableVersions" in field:
-            if field["nullableVersions"] != "0+":
-                raise SchemaError(f"{owner}.{field['name']}: nullableVersions must be '0+'")
+            if field["nullableVersions"] not in ("0+", field.get("versions", "0+")):
+                raise SchemaError(f"{owner}.{field['name']}: nullableVersions must be '0+' "
+                                  "or the field's versions")
             if element in PRIMITIVES and not is_array and element not in ("string", "bytes"):
                 raise SchemaError(f"{owner}.{field['name']}: {element} cannot be nullable")
             python = f"{python} | None"
@@ -207,16 +238,17 @@ class ModuleBuilder:
     def class_source(self, struct: StructDef, entity_type: str, header: str | None) -> list[str]:
         lines = [
             "@dataclass(frozen=True, slots=True, kw_only=True)",
-            f"class {struct.name}:",
+            f"class {struct.name}{self.suffix}:",
             f"    __type__: ClassVar[EntityType] = {entity_type}",
-            "    __version__: ClassVar[i16] = i16(0)",
+            f"    __version__: ClassVar[i16] = i16({self.version})",
             f"    __flexible__: ClassVar[bool] = {self.flexible}",
             f"    __api_key__: ClassVar[i16] = i16({int(self.schema['apiKey'])})",
         ]
         if header is not None:
             lines.append(f"    __header_schema__: ClassVar[type[{header}]] = {header}")
         for field in struct.fields:
-            lines.extend(self.field_source(struct.name, field))
+            if _first_version(field) <= self.version:
+                lines.extend(self.field_source(struct.name, field))
         return lines
 
     def field_source(self, owner: str, field: dict[str, Any]) -> list[str]:
@@ -240,14 +272,29 @@ class ModuleBuilder:
                 declaration = [f"    {name}: {python} = field(", f"        {joined}", "    )"]
         return declaration + _docstring(field.get("about", ""), "    ")
 
+    def _lacks_fields(self, version: int) -> bool:
+        return any(_first_version(field) > version
+                   for struct in self.structs.values() for field in struct.fields)
+
+    def older_versions(self) -> list[int]:
+        """The older versions that get classes of their own (suffixed V0, V1...)."""
+        self.collect(StructDef(self.schema["name"], tuple(self.schema["fields"])))
+        return [version for version in range(self.newest) if self._lacks_fields(version)]
+
     def source(self) -> str:
         top = StructDef(self.schema["name"], tuple(self.schema["fields"]))
         self.collect(top)
         header_class = HEADER_CLASSES.get(self.kind)
         classes = []
-        for struct in self.structs.values():
-            entity_type = ENTITY_TYPES[self.kind] if struct is top else "EntityType.nested"
-            classes.append("\n".join(self.class_source(struct, entity_type, header_class)))
+        # An older version gets classes of its own only if it lacks some field.
+        changed = [version for version in range(self.newest, -1, -1)
+                   if version == self.newest or self._lacks_fields(version)]
+        for version in changed:
+            self.version = version
+            self.suffix = "" if version == self.newest else f"V{version}"
+            for struct in self.structs.values():
+                entity_type = ENTITY_TYPES[self.kind] if struct is top else "EntityType.nested"
+                classes.append("\n".join(self.class_source(struct, entity_type, header_class)))
         if self.used_common and not self.flexible:
             # common.py is generated flexible; a non-flexible user would encode them wrongly.
             raise SchemaError(f"{self.source_label}: uses common structs but is not flexible")
@@ -341,7 +388,7 @@ def _import_line(module: str, names: list[str]) -> list[str]:
     return [f"from {module} import (", *(f"    {name}," for name in names), ")"]
 
 
-def init_source(common_names: list[str], modules: list[tuple[str, str]]) -> str:
+def init_source(common_names: list[str], modules: list[tuple[str, list[str]]]) -> str:
     header = [
         "# Generated by protocol/generate.py from schemas/*.json.",
         "# Do not edit: change the JSON and run `python -m protocol.generate`.",
@@ -350,11 +397,11 @@ def init_source(common_names: list[str], modules: list[tuple[str, str]]) -> str:
     ]
     # One import per module, in module order (as ruff's isort sorts them).
     imports = [("common", sorted(common_names, key=str.lower))]
-    imports += [(module, [class_name]) for module, class_name in modules]
+    imports += [(module, sorted(class_names, key=str.lower)) for module, class_names in modules]
     lines: list[str] = []
     for module, names in sorted(imports):
         lines += _import_line(f"protocol.messages.{module}", names)
-    exported = sorted(common_names + [class_name for _, class_name in modules])
+    exported = sorted(common_names + [name for _, names in modules for name in names])
     lines += ["", "__all__ = [", *(f'    "{name}",' for name in exported), "]"]
     return "\n".join(header + lines) + "\n"
 
@@ -375,13 +422,14 @@ def generate(schema_dir: Path = SCHEMA_DIR) -> dict[str, str]:
                 raise SchemaError(f"{file_name}: common struct {struct.name} differs elsewhere")
 
     files = {"common.py": common_source(common)}
-    modules: list[tuple[str, str]] = []
+    modules: list[tuple[str, list[str]]] = []
     for file_name, schema in schemas.items():
         module = snake_case(file_name.removesuffix(".json"))
         if snake_case(schema["name"]) != module:
             raise SchemaError(f"{file_name}: file name and message name {schema['name']} differ")
         files[f"{module}.py"] = ModuleBuilder(schema, file_name, common).source()
-        modules.append((module, schema["name"]))
+        older = ModuleBuilder(schema, file_name, common).older_versions()
+        modules.append((module, [schema["name"], *(f"{schema['name']}V{v}" for v in older)]))
     files["__init__.py"] = init_source(list(common), modules)
     return files
 

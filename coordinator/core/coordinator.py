@@ -100,7 +100,6 @@ from coordinator.units import Unit
 from protocol.errors import ApiError, ErrorCode
 from protocol.messages import (
     ConnectGroupDescribeRequest,
-    ConnectGroupDescribeResponse,
     ConnectGroupHeartbeatRequest,
     ConnectGroupHeartbeatResponse,
     ConnectGroupInstallAssignmentRequest,
@@ -147,6 +146,14 @@ class _Change:
     def event(self, name: str, group: Group, member_id: str | None = None, **fields: Any) -> None:
         fields.setdefault("group_epoch", group.epoch)
         fields.setdefault("assignment_epoch", group.assignment_epoch)
+        fields.setdefault("group_type", "connect")
+        if member_id is not None:
+            # A member the bridge just added has no bridge record yet: the bridge marks
+            # its events itself (ClassicBridge.join).
+            bridged = self.store.classic.bridged.get((group.group_id, member_id))
+            fields.setdefault("protocol", "connect" if bridged is None else "classic")
+            if bridged is not None:
+                fields.setdefault("classic_protocol", bridged.protocol_name)
         self.events.append(Event(name, group.group_id, member_id, fields))
 
     def result(self, response: Any) -> Result[Any]:
@@ -1395,28 +1402,35 @@ class GroupCoordinator:
         return change.result(None)
 
     # ------------------------------------------------------------------ describe
-    def describe(self, request: ConnectGroupDescribeRequest, now_ms: int
-                 ) -> ConnectGroupDescribeResponse:
-        return describing.response([self.describe_snapshot(group_id)
-                                    for group_id in request.group_ids])
+    def describe(self, request: ConnectGroupDescribeRequest, now_ms: int,
+                 version: int = describing.NEWEST_VERSION) -> Any:
+        return describing.response([self.describe_snapshot(group_id, version)
+                                    for group_id in request.group_ids], version)
 
-    def describe_snapshot(self, group_id: str
-                          ) -> describing.GroupSnapshot | tuple[str, ApiError]:
-        """What describing `group_id` reads, taken now (coordinator/core/describe.py), or
-        the error to describe it with."""
+    def describe_snapshot(self, group_id: str, version: int = describing.NEWEST_VERSION
+                          ) -> describing.Snapshot | tuple[str, ApiError]:
+        """What describing `group_id` in `version` reads, taken now
+        (coordinator/core/describe.py), or the error to describe it with. Version 0 finds
+        no classic group."""
         group = self.store.groups.get(group_id) if group_id else None
         if group is None:
+            if version >= 1 and group_id in self.classic.store.groups:
+                return self.classic.describe_snapshot(group_id)
             return group_id, describing.not_found(group_id)
         assignor = group.assignor_name
         if group.members:
             assignor = self._group_mode(group)[1]
-        return describing.snapshot(group, assignor, group.known_units())
+        bridged = self.classic.store.bridged
+        told = {member_id: value.protocol_name for member_id in group.members
+                if (value := bridged.get((group_id, member_id))) is not None}
+        return describing.snapshot(group, assignor, group.known_units(), told)
 
     def describe_group(self, group_id: str) -> DescribedGroup:
         taken = self.describe_snapshot(group_id)
         if isinstance(taken, tuple):
             raise taken[1]
-        return describing.build(taken)
+        described: DescribedGroup = describing.build(taken)
+        return described
 
     def unassigned_units(self, group_id: str) -> frozenset[Unit]:
         """Units in no member's target (e.g. left out on purpose by a client assignor)."""

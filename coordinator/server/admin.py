@@ -62,10 +62,11 @@ def _units_json(value: Any) -> dict[str, Any]:
 
 
 def view_of(taken: describing.GroupSnapshot, config: dict[str, Any],
-            unassigned_units: frozenset[Unit], bridged: frozenset[str]) -> dict[str, Any]:
-    """A connect group's view from a snapshot (`bridged`: its classic members' ids):
-    touches no shared state, so it may run in a thread."""
+            unassigned_units: frozenset[Unit]) -> dict[str, Any]:
+    """A connect group's view from a snapshot: touches no shared state, so it may run in
+    a thread."""
     described = describing.build(taken)
+    told = taken.classic_protocols
     unassigned = sorted(unassigned_units)
     return {
         "group_id": described.group_id,
@@ -86,7 +87,8 @@ def view_of(taken: describing.GroupSnapshot, config: dict[str, Any],
         "members": [
             {
                 "member_id": m.member_id,
-                "protocol": "classic" if m.member_id in bridged else "connect",
+                "protocol": "classic" if m.member_id in told else "connect",
+                "classic_protocol": told.get(m.member_id),
                 "instance_id": m.instance_id,
                 "worker_url": m.worker_url,
                 "member_epoch": m.member_epoch,
@@ -128,6 +130,7 @@ def classic_group_view(runtime: Runtime, group_id: str) -> dict[str, Any] | None
                 "client_id": view.client_id,
                 "worker_url": view.worker_url,
                 "protocol": "classic",
+                "classic_protocol": meta.protocol_name,
                 "joined_generation": view.joined_generation,
                 "synced_generation": view.synced_generation,
                 "holds": _held_json(view.holds),
@@ -143,18 +146,19 @@ def group_view(runtime: Runtime, group_id: str) -> dict[str, Any]:
     classic = classic_group_view(runtime, group_id)
     if classic is not None:
         return classic
+    taken = _connect_snapshot(runtime, group_id)
+    return view_of(taken, runtime.core.group_config(group_id),
+                   runtime.core.unassigned_units(group_id))
+
+
+def _connect_snapshot(runtime: Runtime, group_id: str) -> describing.GroupSnapshot:
+    """A connect group's snapshot (raises ApiError when there is no such group)."""
     taken = runtime.core.describe_snapshot(group_id)
     if isinstance(taken, tuple):
         raise taken[1]
-    return view_of(taken, runtime.core.group_config(group_id),
-                   runtime.core.unassigned_units(group_id), _bridged(runtime, taken))
-
-
-def _bridged(runtime: Runtime, taken: describing.GroupSnapshot) -> frozenset[str]:
-    """The ids of the snapshot's members that speak the classic protocol."""
-    bridged = runtime.core.classic.store.bridged
-    return frozenset(member[0] for member in taken.members
-                     if (taken.group_id, member[0]) in bridged)
+    if not isinstance(taken, describing.GroupSnapshot):  # a classic group appeared
+        raise describing.not_found(group_id)
+    return taken
 
 
 # A view of a group of more members than this is built in a thread.
@@ -260,7 +264,7 @@ def build_admin_app(runtime: Runtime, proxy: ProxyView | None = None) -> Starlet
             groups = []
             for group_id in runtime.core.group_ids():  # a summary: no member's units
                 taken = runtime.core.describe_snapshot(group_id)
-                if isinstance(taken, tuple):
+                if not isinstance(taken, describing.GroupSnapshot):
                     continue
                 groups.append({"group_id": taken.group_id, "state": taken.state,
                                "group_epoch": taken.epoch,
@@ -283,17 +287,14 @@ def build_admin_app(runtime: Runtime, proxy: ProxyView | None = None) -> Starlet
             classic = classic_group_view(runtime, group_id)
             if classic is not None:
                 return JSONResponse(classic)
-            taken = runtime.core.describe_snapshot(group_id)  # on the loop: consistent
-            if isinstance(taken, tuple):
-                raise taken[1]
+            taken = _connect_snapshot(runtime, group_id)  # on the loop: consistent
             config = runtime.core.group_config(group_id)
             unassigned = runtime.core.unassigned_units(group_id)
-            bridged = _bridged(runtime, taken)
             if len(taken.members) <= VIEW_OFFLOAD_MEMBERS:
-                return JSONResponse(view_of(taken, config, unassigned, bridged))
+                return JSONResponse(view_of(taken, config, unassigned))
 
             def encoded() -> bytes:
-                return msgspec.json.encode(view_of(taken, config, unassigned, bridged))
+                return msgspec.json.encode(view_of(taken, config, unassigned))
 
             # Building a large group's view and its JSON takes about a millisecond per 25
             # members: in a thread, from the snapshot.

@@ -265,6 +265,13 @@ def list_groups_response(version: int, body: Any, core: Any) -> Any:
                       error_code=ErrorCode.NONE, groups=groups)
 
 
+def _assignor_metadata(metadata: Any, assignor: str | None) -> bytes:
+    if metadata is None:
+        return b""
+    return next((info.metadata for info in metadata.client_assignors if info.name == assignor),
+                b"")
+
+
 def describe_groups_response(version: int, body: Any, core: Any) -> Any:
     described = []
     for group_id in body.groups:
@@ -282,11 +289,20 @@ def describe_groups_response(version: int, body: Any, core: Any) -> Any:
         elif (connect_view := _connect_group_view(core, group_id)) is not None:
             state, protocol, connect_members = connect_view
             protocol_type = PROTOCOL_TYPE
+            bridged = core.classic.store.bridged
+            told = [value.protocol_name for member in connect_members
+                    if (value := bridged.get((group_id, member.member_id))) is not None]
+            # The protocol classic workers were told names the group's protocol, as a
+            # broker names it; each member's metadata is its Connect metadata for the
+            # selected assignor (the bytes a classic worker sent for that protocol).
+            protocol = told[0] if told else protocol
+            assignor = core.store.groups[group_id].assignor_name
             members = tuple(
                 wire.nested(wire.DESCRIBE_GROUPS, version, "response", "DescribedGroupMember",
                             member_id=member.member_id,
                             group_instance_id=member.metadata.instance_id
-                            if member.metadata else None)
+                            if member.metadata else None,
+                            member_metadata=_assignor_metadata(member.metadata, assignor))
                 for member in connect_members)
         else:
             state, protocol_type, protocol, members = "Dead", "", "", ()

@@ -58,7 +58,7 @@ from protocol.classic import (
 )
 from protocol.classic import HEARTBEAT as HEARTBEAT_V
 from protocol.errors import ErrorCode
-from protocol.fastpath import encode_heartbeat_response
+from protocol.fastpath import encode_classic_heartbeat_response, encode_heartbeat_response
 from protocol.framing import (
     API_VERSIONS,
     DecodedRequest,
@@ -94,10 +94,10 @@ PROBLEM_LOG_INTERVAL_S = 10.0
 OFFLOAD_DESCRIBE_BYTES = 32 * 1024
 
 
-def _encode_described(correlation_id: int,
-                      taken: list[describing.GroupSnapshot | tuple[str, Any]]) -> bytes:
-    return encode_response(DESCRIBE, 0, correlation_id,
-                           describing.response(taken))
+def _encode_described(version: int, correlation_id: int,
+                      taken: list[describing.Snapshot | tuple[str, Any]]) -> bytes:
+    return encode_response(DESCRIBE, version, correlation_id,
+                           describing.response(taken, version))
 
 
 # After each large request the listener's thread rests this many times as long as the
@@ -112,6 +112,11 @@ def _then_rest(fn: Callable[..., T], *args: Any) -> T:
         return fn(*args)
     finally:
         time.sleep((time.perf_counter() - started) * REST_RATIO)
+
+
+def _group_type(runtime: Runtime, group_id: str) -> str:
+    """The type of the group that answered (a group converted meanwhile: its new type)."""
+    return "classic" if group_id in runtime.core.classic.store.groups else "connect"
 
 
 class ProblemLog:
@@ -453,18 +458,26 @@ class KafkaServer:
             engine = runtime.core.classic
             try:
                 if key == JOIN_GROUP:
+                    arrived = time.perf_counter()
                     host = (str(peer[0]) if isinstance(peer, tuple)
                             else str(peer).rpartition(":")[0] if peer else "")
                     join = classic.join_request(body, version, request.client_id, host)
                     answer = await runtime.classic(engine.join, join)
                     response, code = classic.join_response(version, answer), answer.error
+                    runtime.metrics.classic_join(_group_type(runtime, join.group_id),
+                                                 time.perf_counter() - arrived)
                 elif key == SYNC_GROUP:
-                    answer = await runtime.classic(engine.sync, classic.sync_request(body))
+                    arrived = time.perf_counter()
+                    synced = classic.sync_request(body)
+                    answer = await runtime.classic(engine.sync, synced)
                     response, code = classic.sync_response(version, answer), answer.error
+                    runtime.metrics.classic_sync(_group_type(runtime, synced.group_id),
+                                                 time.perf_counter() - arrived)
                 elif key == HEARTBEAT_V:
                     beat = await runtime.classic(engine.heartbeat,
                                                  classic.heartbeat_request(body))
-                    response, code = classic.heartbeat_response(version, beat.error), beat.error
+                    code = int(beat.error)
+                    return encode_classic_heartbeat_response(version, correlation, code), code
                 elif key == LEAVE_GROUP:
                     left = await runtime.classic(engine.leave,
                                                  classic.leave_request(body, version))
@@ -500,13 +513,13 @@ class KafkaServer:
                     f"the answer would take more than {self.max_frame_bytes} bytes "
                     f"({FIELD_KEYS['max_frame_bytes']}): describe fewer groups at once",
                     group_ids=group_ids)
-            taken = [runtime.core.describe_snapshot(group_id) for group_id in group_ids]
+            taken = [runtime.core.describe_snapshot(group_id, version) for group_id in group_ids]
             if estimate <= OFFLOAD_DESCRIBE_BYTES:
                 return encode_response(key, version, correlation,
-                                       describing.response(taken)), ErrorCode.NONE
+                                       describing.response(taken, version)), ErrorCode.NONE
             # Building and encoding take about a microsecond per answer byte: in a thread,
             # from the snapshots, while the loop answers heartbeats.
-            answer = await self._off_loop(_encode_described, correlation, taken)
+            answer = await self._off_loop(_encode_described, version, correlation, taken)
             return answer, ErrorCode.NONE
         response: Any
         try:

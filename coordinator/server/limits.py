@@ -176,6 +176,10 @@ def describe_answer_bytes(core: GroupCoordinator, group_ids: Iterable[str],
     for group_id in group_ids:
         total += _GROUP_OVERHEAD + len(group_id)
         group = groups.get(group_id)
+        classic = core.classic.store.groups.get(group_id)
+        if classic is not None:  # its members' ids and urls, and what they hold
+            total += sum(_MEMBER_OVERHEAD + len(member_id) + len(member.client_id)
+                         for member_id, member in classic.members.items())
         if group is not None:
             total += 3 * _units_bytes(group.connectors)  # the group's, targets, assigned
             for member_id, member in group.members.items():

@@ -605,7 +605,9 @@ class Runtime:
             self.waiters.discard(parked.key, waiter)
 
     def describe(self, request: Any) -> ConnectGroupDescribeResponse:
-        return self.core.describe(request, self.clock.now_ms())
+        described: ConnectGroupDescribeResponse = self.core.describe(request,
+                                                                     self.clock.now_ms())
+        return described
 
     # ---------------------------------------------------------------- admin operations
     async def put_connector(self, group_id: str, connector: str, tasks: int) -> dict[str, Any]:

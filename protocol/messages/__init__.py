@@ -22,7 +22,10 @@ from protocol.messages.connect_group_current_member_assignment_value import (
 from protocol.messages.connect_group_deadlines_key import ConnectGroupDeadlinesKey
 from protocol.messages.connect_group_deadlines_value import ConnectGroupDeadlinesValue
 from protocol.messages.connect_group_describe_request import ConnectGroupDescribeRequest
-from protocol.messages.connect_group_describe_response import ConnectGroupDescribeResponse
+from protocol.messages.connect_group_describe_response import (
+    ConnectGroupDescribeResponse,
+    ConnectGroupDescribeResponseV0,
+)
 from protocol.messages.connect_group_heartbeat_request import ConnectGroupHeartbeatRequest
 from protocol.messages.connect_group_heartbeat_response import ConnectGroupHeartbeatResponse
 from protocol.messages.connect_group_install_assignment_request import (
@@ -71,6 +74,7 @@ __all__ = [
     "ConnectGroupDeadlinesValue",
     "ConnectGroupDescribeRequest",
     "ConnectGroupDescribeResponse",
+    "ConnectGroupDescribeResponseV0",
     "ConnectGroupHeartbeatRequest",
     "ConnectGroupHeartbeatResponse",
     "ConnectGroupInstallAssignmentRequest",

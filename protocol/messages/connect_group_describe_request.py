@@ -12,7 +12,7 @@ from kio.static.primitive import i16
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ConnectGroupDescribeRequest:
     __type__: ClassVar[EntityType] = EntityType.request
-    __version__: ClassVar[i16] = i16(0)
+    __version__: ClassVar[i16] = i16(1)
     __flexible__: ClassVar[bool] = True
     __api_key__: ClassVar[i16] = i16(1003)
     __header_schema__: ClassVar[type[RequestHeader]] = RequestHeader

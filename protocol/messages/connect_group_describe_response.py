@@ -14,6 +14,91 @@ from protocol.messages.common import ConnectorsAndTasks
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DescribedMember:
     __type__: ClassVar[EntityType] = EntityType.nested
+    __version__: ClassVar[i16] = i16(1)
+    __flexible__: ClassVar[bool] = True
+    __api_key__: ClassVar[i16] = i16(1003)
+    __header_schema__: ClassVar[type[ResponseHeader]] = ResponseHeader
+    member_id: str = field(metadata={"kafka_type": "string"})
+    """The member id."""
+    instance_id: str | None = field(metadata={"kafka_type": "string"}, default=None)
+    """The member instance id, or null."""
+    worker_url: str = field(metadata={"kafka_type": "string"})
+    """The worker's url."""
+    protocol: str = field(metadata={"kafka_type": "string"})
+    """
+    The protocol the member speaks: connect (ConnectGroupHeartbeat) or classic (JoinGroup and
+    SyncGroup).
+    """
+    classic_protocol: str | None = field(metadata={"kafka_type": "string"}, default=None)
+    """
+    For a classic member, the protocol it was told (sessioned, compatible or default); null for a
+    connect member.
+    """
+    member_epoch: int = field(metadata={"kafka_type": "int32"})
+    """The member epoch."""
+    member_state: str = field(metadata={"kafka_type": "string"})
+    """The member state: STABLE, UNREVOKED, UNRELEASED or UNKNOWN."""
+    assigned: ConnectorsAndTasks
+    """The units the member may run now."""
+    pending_revocation: ConnectorsAndTasks
+    """The units the member must release."""
+    target: ConnectorsAndTasks
+    """The member's part of the target assignment."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DescribedGroup:
+    __type__: ClassVar[EntityType] = EntityType.nested
+    __version__: ClassVar[i16] = i16(1)
+    __flexible__: ClassVar[bool] = True
+    __api_key__: ClassVar[i16] = i16(1003)
+    __header_schema__: ClassVar[type[ResponseHeader]] = ResponseHeader
+    error_code: int = field(metadata={"kafka_type": "int16"})
+    """The describe error, or 0 if there was no error."""
+    error_message: str | None = field(metadata={"kafka_type": "string"}, default=None)
+    """The error message, or null."""
+    group_id: str = field(metadata={"kafka_type": "string"})
+    """The group id."""
+    group_state: str = field(metadata={"kafka_type": "string"})
+    """
+    The group state: EMPTY, ASSIGNING, RECONCILING, STABLE or DEAD; for a classic group (version 1+)
+    its classic state: EMPTY, PREPARING_REBALANCE, COMPLETING_REBALANCE or STABLE.
+    """
+    group_type: str = field(metadata={"kafka_type": "string"})
+    """The group type: connect (this coordinator's engine) or classic (Kafka's classic protocol)."""
+    units_source: str = field(metadata={"kafka_type": "string"})
+    """
+    Where the group's units come from: admin (connectors set through the admin API) or installs (its
+    client-side assignments).
+    """
+    group_epoch: int = field(metadata={"kafka_type": "int32"})
+    """The group epoch (a classic group's generation)."""
+    assignment_epoch: int = field(metadata={"kafka_type": "int32"})
+    """The target assignment epoch."""
+    assignor_name: str | None = field(metadata={"kafka_type": "string"}, default=None)
+    """The selected assignor, or null."""
+    connectors_and_tasks: ConnectorsAndTasks
+    """Everything the group runs."""
+    members: tuple[DescribedMember, ...]
+    """The members."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ConnectGroupDescribeResponse:
+    __type__: ClassVar[EntityType] = EntityType.response
+    __version__: ClassVar[i16] = i16(1)
+    __flexible__: ClassVar[bool] = True
+    __api_key__: ClassVar[i16] = i16(1003)
+    __header_schema__: ClassVar[type[ResponseHeader]] = ResponseHeader
+    throttle_time_ms: int = field(metadata={"kafka_type": "int32"})
+    """The duration in milliseconds for which the request was throttled, or zero."""
+    groups: tuple[DescribedGroup, ...]
+    """Each described group."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DescribedMemberV0:
+    __type__: ClassVar[EntityType] = EntityType.nested
     __version__: ClassVar[i16] = i16(0)
     __flexible__: ClassVar[bool] = True
     __api_key__: ClassVar[i16] = i16(1003)
@@ -37,7 +122,7 @@ class DescribedMember:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class DescribedGroup:
+class DescribedGroupV0:
     __type__: ClassVar[EntityType] = EntityType.nested
     __version__: ClassVar[i16] = i16(0)
     __flexible__: ClassVar[bool] = True
@@ -50,21 +135,24 @@ class DescribedGroup:
     group_id: str = field(metadata={"kafka_type": "string"})
     """The group id."""
     group_state: str = field(metadata={"kafka_type": "string"})
-    """The group state: EMPTY, ASSIGNING, RECONCILING, STABLE or DEAD."""
+    """
+    The group state: EMPTY, ASSIGNING, RECONCILING, STABLE or DEAD; for a classic group (version 1+)
+    its classic state: EMPTY, PREPARING_REBALANCE, COMPLETING_REBALANCE or STABLE.
+    """
     group_epoch: int = field(metadata={"kafka_type": "int32"})
-    """The group epoch."""
+    """The group epoch (a classic group's generation)."""
     assignment_epoch: int = field(metadata={"kafka_type": "int32"})
     """The target assignment epoch."""
     assignor_name: str | None = field(metadata={"kafka_type": "string"}, default=None)
     """The selected assignor, or null."""
     connectors_and_tasks: ConnectorsAndTasks
     """Everything the group runs."""
-    members: tuple[DescribedMember, ...]
+    members: tuple[DescribedMemberV0, ...]
     """The members."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class ConnectGroupDescribeResponse:
+class ConnectGroupDescribeResponseV0:
     __type__: ClassVar[EntityType] = EntityType.response
     __version__: ClassVar[i16] = i16(0)
     __flexible__: ClassVar[bool] = True
@@ -72,5 +160,5 @@ class ConnectGroupDescribeResponse:
     __header_schema__: ClassVar[type[ResponseHeader]] = ResponseHeader
     throttle_time_ms: int = field(metadata={"kafka_type": "int32"})
     """The duration in milliseconds for which the request was throttled, or zero."""
-    groups: tuple[DescribedGroup, ...]
+    groups: tuple[DescribedGroupV0, ...]
     """Each described group."""

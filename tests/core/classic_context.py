@@ -35,6 +35,7 @@ class ClassicContext:
         self.config = ServerConfig(**config)
         self.now = 0
         self.log: list[Record] = []
+        self.events: list[Any] = []  # every change's events, in order
         self.timers: dict[TimerKey, int] = {}
         self.parked: set[tuple[str, str, str]] = set()
         self.released: dict[tuple[str, str, str], Any] = {}
@@ -56,6 +57,7 @@ class ClassicContext:
 
     # ------------------------------------------------------------------ plumbing
     def apply(self, result: Result[Any]) -> Any:
+        self.events.extend(result.events)
         # Records go through the codec, as they would to the log.
         for record in result.records:
             key, value = decode_record(encode_key(record.key), encode_value(record.value))

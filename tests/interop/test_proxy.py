@@ -233,7 +233,7 @@ def test_api_versions_are_the_intersection_plus_the_coordinators_own(
     assert ranges[wire.FETCH][1] == 15
     assert wire.SHARE_FETCH not in ranges and wire.DESCRIBE_QUORUM not in ranges
     assert ranges[wire.METADATA][1] <= wire.known_versions(wire.METADATA)[1]
-    assert ranges[CONNECT_GROUP_DESCRIBE] == (0, 0)
+    assert ranges[CONNECT_GROUP_DESCRIBE] == (0, 1)
     assert wire.JOIN_GROUP in ranges  # forwarded for groups that are not ours
 
 

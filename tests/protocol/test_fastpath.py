@@ -50,3 +50,17 @@ def test_any_generated_heartbeat_response(correlation: int,
 @given(units=many_units | entities(ConnectorsAndTasks))
 def test_units_are_the_generic_writers(units: ConnectorsAndTasks) -> None:
     assert connectors_and_tasks_bytes(units) == entity_bytes(ConnectorsAndTasks, units)
+
+
+@given(correlation=st.integers(-(2**31), 2**31 - 1),
+       code=st.sampled_from([0, 16, 22, 25, 27, 82]))
+def test_classic_heartbeat_response_is_the_generic_encoders(correlation: int, code: int
+                                                            ) -> None:
+    from coordinator.server.classic import heartbeat_response
+    from protocol.classic import HEARTBEAT
+    from protocol.fastpath import CLASSIC_HEARTBEAT_VERSIONS, encode_classic_heartbeat_response
+
+    for version in CLASSIC_HEARTBEAT_VERSIONS:
+        generic = encode_response(HEARTBEAT, version, correlation,
+                                  heartbeat_response(version, code))
+        assert encode_classic_heartbeat_response(version, correlation, code) == generic

@@ -29,6 +29,7 @@ from protocol.framing import (
 from protocol.messages import (
     ConnectGroupDescribeRequest,
     ConnectGroupDescribeResponse,
+    ConnectGroupDescribeResponseV0,
     ConnectGroupHeartbeatRequest,
     ConnectGroupPrepareAssignmentRequest,
 )
@@ -232,15 +233,23 @@ def test_error_response_for_describe_puts_the_error_in_each_group() -> None:
         1003, 0, 5, ErrorCode.GROUP_AUTHORIZATION_FAILED, "denied", group_ids=("a", "b")
     )
     _, body = decode_response(frame[4:], 1003, 0)
-    assert isinstance(body, ConnectGroupDescribeResponse)
+    assert isinstance(body, ConnectGroupDescribeResponseV0)
     assert [group.group_id for group in body.groups] == ["a", "b"]
     assert {(group.error_code, group.error_message) for group in body.groups} == {
         (ErrorCode.GROUP_AUTHORIZATION_FAILED, "denied")
     }
     frame = error_response(1003, 0, 5, ErrorCode.UNKNOWN_SERVER_ERROR, "boom")
     _, body = decode_response(frame[4:], 1003, 0)
+    assert isinstance(body, ConnectGroupDescribeResponseV0)
+    assert [(group.group_id, group.error_code) for group in body.groups] == [("", -1)]
+    # Version 1 is answered in version 1; a version above it in version 0.
+    frame = error_response(1003, 1, 5, ErrorCode.UNKNOWN_SERVER_ERROR, "boom")
+    _, body = decode_response(frame[4:], 1003, 1)
     assert isinstance(body, ConnectGroupDescribeResponse)
     assert [(group.group_id, group.error_code) for group in body.groups] == [("", -1)]
+    frame = error_response(1003, 9, 5, ErrorCode.UNSUPPORTED_VERSION, "no v9")
+    _, body = decode_response(frame[4:], 1003, 0)
+    assert isinstance(body, ConnectGroupDescribeResponseV0)
 
 
 def test_error_response_for_an_unsupported_connect_version_is_v0() -> None:

@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import get_args
 
 import pytest
 from kio.schema.request_header.v2.header import RequestHeader
@@ -92,7 +93,8 @@ def test_common_structs_in_a_non_flexible_message_are_refused(tmp_path: Path) ->
     [
         ('"type": "int32"', '"type": "int33"', "unknown type"),
         ('"versions": "0+"', '"versions": "1+"', "version 0"),
-        ('"validVersions": "0"', '"validVersions": "0-1"', "only version 0"),
+        ('"validVersions": "0"', '"validVersions": "1"', "validVersions must be"),
+        ('"versions": "0+"', '"versions": "0-1"', "versions must be"),
     ],
 )
 def test_schema_errors_are_reported(
@@ -179,3 +181,23 @@ def test_generated_files_say_where_they_come_from() -> None:
     source = (generate.OUTPUT_DIR / "connect_group_heartbeat_request.py").read_text()
     assert "schemas/ConnectGroupHeartbeatRequest.json" in source.splitlines()[0]
     assert "Do not edit" in source
+
+
+def test_an_older_version_gets_classes_without_the_newer_fields() -> None:
+    """ConnectGroupDescribe v1 adds fields: v0 keeps classes of its own without them, so a
+    v0 client is answered in exactly the bytes it knows; the request, the same in both
+    versions, has one class."""
+    def names(cls: type) -> list[str]:
+        return [f.name for f in dataclasses.fields(cls)]
+
+    response_v1, response_v0 = messages.ConnectGroupDescribeResponse, \
+        messages.ConnectGroupDescribeResponseV0
+    assert (response_v1.__version__, response_v0.__version__) == (1, 0)
+    group_v1 = get_args(dataclasses.fields(response_v1)[1].type)[0]
+    group_v0 = get_args(dataclasses.fields(response_v0)[1].type)[0]
+    assert {"group_type", "units_source"} <= set(names(group_v1))
+    assert set(names(group_v1)) - set(names(group_v0)) == {"group_type", "units_source"}
+    member_v1 = get_args(dataclasses.fields(group_v1)[-1].type)[0]
+    member_v0 = get_args(dataclasses.fields(group_v0)[-1].type)[0]
+    assert set(names(member_v1)) - set(names(member_v0)) == {"protocol", "classic_protocol"}
+    assert not hasattr(messages, "ConnectGroupDescribeRequestV0")

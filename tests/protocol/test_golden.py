@@ -20,6 +20,7 @@ from protocol.framing import decode_request, decode_response, encode_request, en
 from protocol.messages import (
     ConnectGroupCurrentMemberAssignmentKey,
     ConnectGroupDescribeResponse,
+    ConnectGroupDescribeResponseV0,
     ConnectGroupHeartbeatRequest,
     ConnectGroupHeartbeatResponse,
     ConnectGroupInstallAssignmentRequest,
@@ -28,7 +29,12 @@ from protocol.messages import (
     ConnectorsAndTasks,
     ConnectorTaskId,
 )
-from protocol.messages.connect_group_describe_response import DescribedGroup, DescribedMember
+from protocol.messages.connect_group_describe_response import (
+    DescribedGroup,
+    DescribedGroupV0,
+    DescribedMember,
+    DescribedMemberV0,
+)
 from protocol.messages.connect_group_heartbeat_request import ClientAssignor
 from protocol.messages.connect_group_heartbeat_response import Assignment
 from protocol.messages.connect_group_install_assignment_request import MemberAssignment
@@ -50,9 +56,9 @@ def check_request(api_key: int, golden: bytes, body: Any) -> None:
     assert decoded.body == body
 
 
-def check_response(api_key: int, golden: bytes, body: Any) -> None:
-    assert encode_response(api_key, 0, 7, body) == golden
-    assert decode_response(golden[4:], api_key, 0) == (7, body)
+def check_response(api_key: int, golden: bytes, body: Any, version: int = 0) -> None:
+    assert encode_response(api_key, version, 7, body) == golden
+    assert decode_response(golden[4:], api_key, version) == (7, body)
 
 
 REQUEST_HEADER_1000 = hand(
@@ -263,10 +269,10 @@ def test_describe_response() -> None:
         b"\x00",  # response tagged fields
     )
     only_c = ConnectorsAndTasks(connectors=("c",), tasks=())
-    body = ConnectGroupDescribeResponse(
+    body = ConnectGroupDescribeResponseV0(
         throttle_time_ms=0,
         groups=(
-            DescribedGroup(
+            DescribedGroupV0(
                 error_code=0,
                 group_id="g1",
                 group_state="STABLE",
@@ -275,7 +281,7 @@ def test_describe_response() -> None:
                 assignor_name="rr",
                 connectors_and_tasks=only_c,
                 members=(
-                    DescribedMember(
+                    DescribedMemberV0(
                         member_id="m1",
                         instance_id="i1",
                         worker_url="u",
@@ -290,6 +296,71 @@ def test_describe_response() -> None:
         ),
     )
     check_response(1003, golden, body)
+
+
+def test_describe_response_v1_adds_group_type_units_source_and_member_protocols() -> None:
+    golden = hand(
+        b"\x00\x00\x00\x6e",  # size: 5 header + 105 body = 110
+        RESPONSE_HEADER,
+        b"\x00\x00\x00\x00",  # ThrottleTimeMs 0
+        b"\x02",  # Groups: 1 item
+        b"\x00\x00",  # . ErrorCode 0
+        b"\x00",  # . ErrorMessage null
+        b"\x03g1",  # . GroupId "g1"
+        b"\x07STABLE",  # . GroupState "STABLE"
+        b"\x08connect",  # . GroupType "connect" (v1)
+        b"\x09installs",  # . UnitsSource "installs" (v1)
+        b"\x00\x00\x00\x03",  # . GroupEpoch 3
+        b"\x00\x00\x00\x03",  # . AssignmentEpoch 3
+        b"\x03rr",  # . AssignorName "rr"
+        b"\x02\x02c\x01\x00",  # . ConnectorsAndTasks: ["c"], no tasks, tagged fields
+        b"\x02",  # . Members: 1 item
+        b"\x03m1",  # . . MemberId "m1"
+        b"\x03i1",  # . . InstanceId "i1"
+        b"\x02u",  # . . WorkerUrl "u"
+        b"\x08classic",  # . . Protocol "classic" (v1)
+        b"\x0asessioned",  # . . ClassicProtocol "sessioned" (v1)
+        b"\x00\x00\x00\x03",  # . . MemberEpoch 3
+        b"\x07STABLE",  # . . MemberState "STABLE"
+        b"\x02\x02c\x01\x00",  # . . Assigned: ["c"], no tasks
+        b"\x01\x01\x00",  # . . PendingRevocation: nothing
+        b"\x02\x02c\x01\x00",  # . . Target: ["c"], no tasks
+        b"\x00",  # . . DescribedMember tagged fields
+        b"\x00",  # . DescribedGroup tagged fields
+        b"\x00",  # response tagged fields
+    )
+    only_c = ConnectorsAndTasks(connectors=("c",), tasks=())
+    body = ConnectGroupDescribeResponse(
+        throttle_time_ms=0,
+        groups=(
+            DescribedGroup(
+                error_code=0,
+                group_id="g1",
+                group_state="STABLE",
+                group_type="connect",
+                units_source="installs",
+                group_epoch=3,
+                assignment_epoch=3,
+                assignor_name="rr",
+                connectors_and_tasks=only_c,
+                members=(
+                    DescribedMember(
+                        member_id="m1",
+                        instance_id="i1",
+                        worker_url="u",
+                        protocol="classic",
+                        classic_protocol="sessioned",
+                        member_epoch=3,
+                        member_state="STABLE",
+                        assigned=only_c,
+                        pending_revocation=NOTHING,
+                        target=only_c,
+                    ),
+                ),
+            ),
+        ),
+    )
+    check_response(1003, golden, body, version=1)
 
 
 def test_record_key_and_value() -> None:

@@ -23,6 +23,7 @@ from tests.server.test_classic_kafka_python import (
     converged,
     run_member,
 )
+from tests.server.test_metrics_catalogue import P, scrape
 
 pytest.importorskip("kafka.coordinator.base")
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -107,6 +108,10 @@ async def test_upgrade_then_downgrade_with_kafka_python_members(nursery: trio.Nu
     assert violations == [] and holdings.violations == []
     for member in members:
         await trio.to_thread.run_sync(member.leave)
-    metrics = handle.runtime.metrics.group_conversions
-    assert metrics.labels("upgrade")._value.get() == 1
-    assert metrics.labels("downgrade")._value.get() == 1
+    scraped = await scrape(handle)  # the real exposition
+    assert scraped.by_label(P + "group_conversions_total", "direction") == {
+        "upgrade": 1.0, "downgrade": 1.0}
+    assert scraped.value(P + "classic_rebalances_total", reason="downgraded") == 1.0
+    # The classic members' calls were answered by both types of group in turn.
+    joins = scraped.by_label(P + "classic_join_seconds_count", "group_type")
+    assert joins["classic"] >= 2 and joins["connect"] >= 2

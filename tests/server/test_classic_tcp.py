@@ -266,3 +266,106 @@ async def test_restart_mid_rebalance_over_tcp(tmp_path: Any) -> None:
             again = await join(two, b)  # b's answer was lost with the restart: again
             assert int(again.generation_id) == 2 and again.leader == a
         handle.stop()
+
+
+async def test_join_and_sync_latency_and_classic_rebalance_metrics(nursery: trio.Nursery
+                                                                   ) -> None:
+    """JoinGroup and SyncGroup latency by group type, from the real exposition: a classic
+    group's parked calls count their wait at the barrier; every label value exists at 0
+    before any traffic."""
+    from coordinator.core.classic.conversion import CONVERSION_DIRECTIONS
+    from coordinator.core.classic.engine import CLASSIC_REBALANCE_REASONS
+    from coordinator.metrics import GROUP_TYPES
+    from tests.server.test_metrics_catalogue import P, scrape
+
+    handle: ServerHandle = await nursery.start(run_server, CONFIG, ("127.0.0.1", 0),
+                                               ("127.0.0.1", 0))
+    before = await scrape(handle)
+    for kind in ("join", "sync"):
+        assert before.by_label(P + f"classic_{kind}_seconds_count", "group_type") == \
+            dict.fromkeys(GROUP_TYPES, 0.0)
+    assert before.by_label(P + "classic_rebalances_total", "reason") == dict.fromkeys(
+        CLASSIC_REBALANCE_REASONS, 0.0)
+    assert before.by_label(P + "group_conversions_total", "direction") == dict.fromkeys(
+        CONVERSION_DIRECTIONS, 0.0)
+    one, a = await _member(handle)  # one JoinGroup: MEMBER_ID_REQUIRED
+    two, b = await _member(handle)
+    first = await join(one, a)
+    await sync(one, a, int(first.generation_id), assignments={a: b"x"})
+    answers: dict[str, Any] = {}
+    waited_s = 0.3
+
+    async def joined(client: KafkaClient, member: str) -> None:
+        answers[member] = await join(client, member)
+
+    async with trio.open_nursery() as inner:
+        inner.start_soon(joined, two, b)  # parked until a rejoins
+        await trio.sleep(waited_s)
+        inner.start_soon(joined, one, a)
+    generation = int(answers[a].generation_id)
+
+    async def synced(client: KafkaClient, member: str, given: dict[str, bytes]) -> None:
+        await sync(client, member, generation, assignments=given)
+
+    async with trio.open_nursery() as inner:
+        inner.start_soon(synced, two, b, {})  # parked until the leader syncs
+        await trio.sleep(waited_s)
+        inner.start_soon(synced, one, a, {a: b"x", b: b"y"})
+    after = await scrape(handle)
+    joins = after.by_label(P + "classic_join_seconds_count", "group_type")
+    assert joins == {"classic": 5.0, "connect": 0.0}  # 2 MEMBER_ID_REQUIRED + 3 joins
+    syncs = after.by_label(P + "classic_sync_seconds_count", "group_type")
+    assert syncs == {"classic": 3.0, "connect": 0.0}
+    # b's JoinGroup and SyncGroup each waited at least `waited_s`: above the 0.25 s bucket.
+    for kind, count in (("join", 5.0), ("sync", 3.0)):
+        quick = after.value(P + f"classic_{kind}_seconds_bucket", group_type="classic",
+                            le="0.25")
+        assert quick <= count - 1
+        assert after.value(P + f"classic_{kind}_seconds_sum", group_type="classic") >= waited_s
+    assert after.value(P + "classic_rebalances_total", reason="member_joined") >= 2
+    await one.aclose()
+    await two.aclose()
+    handle.stop()
+
+
+async def test_bridged_join_and_sync_count_as_connect(nursery: trio.Nursery) -> None:
+    from coordinator.connect_protocol import WorkerMetadata, encode_worker_metadata
+    from tests.server.test_metrics_catalogue import P, scrape
+
+    config = ServerConfig(assignment_interval_ms=0, assignor_offload_enable=False,
+                          shutdown_timeout_ms=2_000, classic_group_type="connect",
+                          classic_min_session_timeout_ms=1_000)
+    handle: ServerHandle = await nursery.start(run_server, config, ("127.0.0.1", 0),
+                                               ("127.0.0.1", 0))
+    metadata = encode_worker_metadata(WorkerMetadata(2, "http://w1", 0))
+    async with await connect(handle) as client:
+        member = (await join(client, protocols=(("sessioned", metadata),))).member_id
+        answer = await join(client, member, protocols=(("sessioned", metadata),))
+        assert answer.error_code.value == 0
+        await sync(client, member, int(answer.generation_id))
+    assert "g" in handle.runtime.core.store.groups  # a connect group, bridged
+    after = await scrape(handle)
+    assert after.by_label(P + "classic_join_seconds_count", "group_type") == {
+        "classic": 0.0, "connect": 2.0}
+    assert after.value(P + "classic_sync_seconds_count", group_type="connect") == 1.0
+    handle.stop()
+
+
+async def test_connect_group_describe_v1_finds_a_classic_group_and_v0_does_not(
+        server: ServerHandle) -> None:
+    from protocol.messages import ConnectGroupDescribeRequest
+
+    one, a = await _member(server)
+    joined = await join(one, a)
+    await sync(one, a, int(joined.generation_id), assignments={a: b""})
+    request = ConnectGroupDescribeRequest(group_ids=("g",))
+    async with await connect(server) as side:
+        newer = await side.request(1003, request, 1)
+        older = await side.request(1003, request, 0)
+    (group,) = newer.groups
+    assert (group.error_code, group.group_type, group.group_state) == (0, "classic", "STABLE")
+    assert [(m.member_id, m.protocol, m.classic_protocol) for m in group.members] == [
+        (a, "classic", "sessioned")]
+    assert older.groups[0].error_code == E.GROUP_ID_NOT_FOUND
+    assert not hasattr(older.groups[0], "group_type")
+    await one.aclose()

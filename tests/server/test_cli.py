@@ -160,9 +160,11 @@ async def test_describe_command(server: ServerHandle) -> None:
     described = json.loads(result.stdout)
     assert described[0]["group_id"] == "shown"
     assert described[0]["state"] == "EMPTY"
+    assert (described[0]["type"], described[0]["units_source"]) == ("connect", "admin")
     # no group named: listed through the admin API
     result = await run_cli("describe", "--bootstrap", bootstrap,
                            "--admin", f"http://127.0.0.1:{server.admin_port}")
     assert result.returncode == 0, result.stderr
     assert "shown" in result.stdout.decode()
     assert "EMPTY" in result.stdout.decode()
+    assert "type=connect" in result.stdout.decode()

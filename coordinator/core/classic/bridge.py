@@ -91,6 +91,10 @@ _JOIN_ERRORS = {
 
 def _merge(results: list[Result[Any]], response: Any) -> Result[Any]:
     """One result for changes made one after the other (each already applied)."""
+    if len(results) == 1:  # a heartbeat's: its lists as they are
+        only = results[0]
+        return Result(response, only.records, only.timers, only.events, only.undo, only.jobs,
+                      only.releases)
     merged: Result[Any] = Result(response)
     for result in results:
         merged.records.extend(result.records)
@@ -125,6 +129,10 @@ def _units_bytes(units: frozenset[Unit]) -> bytes:
     return encode_assignment(ConnectAssignment(1, assigned=units)) if units else b""
 
 
+# At most this many assignments' units are remembered (about one per bridged member).
+TOLD_MEMO_ENTRIES = 100_000
+
+
 def _units_of(blob: bytes) -> frozenset[Unit]:
     return decode_assignment(blob).assigned if blob else NO_UNITS
 
@@ -135,6 +143,19 @@ class ClassicBridge:
     def __init__(self, core: GroupCoordinator, store: ClassicStore) -> None:
         self.core = core
         self.store = store
+        # The units of each `told` assignment seen, by its bytes: a stable heartbeat
+        # compares them with what the member holds, and decoding them each time was most
+        # of the bridge's cost of a heartbeat. A pure function's memo, not state: bytes
+        # never change, so nothing replayed or rolled back can make it wrong.
+        self._told_units: dict[bytes, frozenset[Unit]] = {}
+
+    def _told(self, blob: bytes) -> frozenset[Unit]:
+        units = self._told_units.get(blob)
+        if units is None:
+            if len(self._told_units) >= TOLD_MEMO_ENTRIES:
+                self._told_units.clear()  # members come and go: start again
+            units = self._told_units[blob] = _units_of(blob)
+        return units
 
     def handles(self, group_id: str) -> bool:
         return group_id in self.core.store.groups
@@ -190,6 +211,10 @@ class ClassicBridge:
                                             undo=[self.store.current_record(record.key)])
         self.store.replay(record)
         results.append(bridge_change)
+        for event in result.events:  # logged before its bridge record existed
+            if event.member_id == member_id:
+                event.fields["protocol"] = "classic"
+                event.fields["classic_protocol"] = protocol
         self._own_session(result, request.group_id, member_id, request.session_timeout_ms,
                           now_ms)
         leader, members = "", tuple[JoinMember, ...]()
@@ -208,11 +233,13 @@ class ClassicBridge:
     def _own_session(result: Result[Any], group_id: str, member_id: str, timeout_ms: int,
                      now_ms: int) -> None:
         """A classic member's session is the one its JoinGroup asked for: its session
-        timer, armed by the heartbeat at the group's timeout, is moved to its own."""
-        if any(isinstance(op, TimerSet) and op.key == (SESSION_TIMER, group_id, member_id)
-               for op in result.timers):
-            result.timers.append(TimerSet((SESSION_TIMER, group_id, member_id),
-                                          now_ms + timeout_ms))
+        timer, armed by the heartbeat at the group's timeout, is moved to its own (in
+        place: one timer operation, not two)."""
+        key = (SESSION_TIMER, group_id, member_id)
+        timers = result.timers
+        for index, op in enumerate(timers):
+            if isinstance(op, TimerSet) and op.key == key:
+                timers[index] = TimerSet(key, now_ms + timeout_ms)
 
     def _leader_view(self, group_id: str, prepared: Any) -> JoinMember:
         """A member's metadata for the leader, its allocation being what it holds."""
@@ -365,16 +392,17 @@ class ClassicBridge:
             rebalance_timeout_ms=-1), now_ms)
         self._own_session(beat, request.group_id, request.member_id,
                           bridged.session_timeout_ms, now_ms)
-        code = ErrorCode(beat.response.error_code)
-        if code not in (ErrorCode.NONE, ErrorCode.COMPUTE_ASSIGNMENT):
-            return _merge([beat], HeartbeatAnswer(_JOIN_ERRORS.get(code, code)))
+        code = beat.response.error_code
+        if code != ErrorCode.NONE and code != ErrorCode.COMPUTE_ASSIGNMENT:
+            error = ErrorCode(code)
+            return _merge([beat], HeartbeatAnswer(_JOIN_ERRORS.get(error, error)))
         member = group.members[request.member_id]
         must_rejoin = (
             code == ErrorCode.COMPUTE_ASSIGNMENT
             or member.current.epoch != bridged.told_epoch
             or member.current.epoch != request.generation
             or member.current.state is MemberState.UNREVOKED
-            or member.current.assigned != _units_of(bridged.told)
+            or member.current.assigned != self._told(bridged.told)
         )
         return _merge([beat], HeartbeatAnswer(
             ErrorCode.REBALANCE_IN_PROGRESS if must_rejoin else ErrorCode.NONE))

@@ -44,7 +44,7 @@ from coordinator.core.classic.bridge import (
 from coordinator.core.classic.engine import (
     JOIN,
     PROTOCOL_TYPE,
-    REASON_MEMBER_LEFT,
+    REASON_DOWNGRADED,
     SYNC,
     JoinAnswer,
     SyncAnswer,
@@ -289,5 +289,5 @@ def downgrade(core: GroupCoordinator, group: Group, change: Any, now_ms: int) ->
         "direction": DOWNGRADE, "members": len(members), "generation": generation,
         "group_type": "classic"}))
     change.events.append(Event("classic_rebalance_started", group_id, None, {
-        "reason": REASON_MEMBER_LEFT, "generation": generation, "group_type": "classic",
+        "reason": REASON_DOWNGRADED, "generation": generation, "group_type": "classic",
         "deadline_ms": meta.phase_deadline_ms, "initial_delay": False}))

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from coordinator.config import ServerConfig
+from coordinator.core import describe as describing
 from coordinator.core.classic.state import (
     NO_DEADLINE,
     ClassicGroup,
@@ -52,6 +53,7 @@ from coordinator.core.classic.state import (
     replace_member,
     replace_meta,
 )
+from coordinator.core.classic.view import member_views
 from coordinator.core.result import Event, Record, Result, TimerCancel, TimerKey, TimerOp, TimerSet
 from protocol.errors import ApiError, ErrorCode
 from protocol.messages import ClassicGroupMemberValue
@@ -69,9 +71,12 @@ REASON_MEMBER_LEFT = "member_left"
 REASON_SESSION_TIMEOUT = "session_timeout"
 REASON_SYNC_TIMEOUT = "sync_timeout"
 REASON_STATIC_REPLACED = "static_member_replaced"
+# A connect group became classic when its last new-protocol member went.
+REASON_DOWNGRADED = "downgraded"
 CLASSIC_REBALANCE_REASONS = (
     REASON_MEMBER_JOINED, REASON_METADATA_CHANGED, REASON_LEADER_REJOINED,
     REASON_MEMBER_LEFT, REASON_SESSION_TIMEOUT, REASON_SYNC_TIMEOUT, REASON_STATIC_REPLACED,
+    REASON_DOWNGRADED,
 )
 
 JOIN = "join"
@@ -218,6 +223,10 @@ class _Change:
               **fields: Any) -> None:
         fields.setdefault("generation", group.generation)
         fields.setdefault("group_type", "classic")
+        if member_id is not None:
+            fields.setdefault("protocol", "classic")
+            if group.meta.protocol_name is not None:  # chosen once a join phase completes
+                fields.setdefault("classic_protocol", group.meta.protocol_name)
         self.events.append(Event(name, group.group_id, member_id, fields))
 
     def result(self, response: Any) -> Result[Any]:
@@ -825,6 +834,17 @@ class ClassicEngine:
             self._after_removal(group, change, now_ms, REASON_SESSION_TIMEOUT)
 
     # ------------------------------------------------------------------ views
+    def describe_snapshot(self, group_id: str) -> describing.ClassicSnapshot:
+        """A classic group as ConnectGroupDescribe (version 1+) shows it."""
+        group = self.store.groups[group_id]
+        members = tuple(
+            describing.ClassicMemberSnapshot(view.member_id, view.instance_id, view.worker_url,
+                                             view.joined_generation, view.synced_generation,
+                                             view.holds)
+            for view in sorted(member_views(group), key=lambda view: view.member_id))
+        return describing.ClassicSnapshot(group_id, group.state.name, group.meta.generation,
+                                          group.meta.protocol_name, members)
+
     def describe(self, group_id: str) -> DescribedClassicGroup | None:
         group = self.store.groups.get(group_id)
         if group is None:
