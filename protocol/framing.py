@@ -43,9 +43,10 @@ from protocol import classic
 from protocol._codec import INT16, INT32, EntityDecodeError, read_entity, write_entity
 from protocol.errors import ErrorCode
 from protocol.guard import (
+    NO_LIMITS,
     SPLIT_ARRAYS,
+    Limit,
     LimitExceeded,
-    Limits,
     WalkError,
     check_request,
     request_header_end,
@@ -149,7 +150,6 @@ RESPONSE_CLASSES.update({
 })
 """(API key, version) -> response class."""
 
-NO_LIMITS: Limits = {}
 
 # api_key, api_version, correlation_id: the part of every request header we can read
 # before knowing which header version the request uses.
@@ -344,7 +344,8 @@ class DecodedRequest:
     body: RequestBody
 
 
-def decode_request(frame: bytes, limits: Mapping[int, Limits] | None = None) -> DecodedRequest:
+def decode_request(frame: bytes, limits: Mapping[int, Mapping[tuple[str, str], Limit]] | None = None
+                   ) -> DecodedRequest:
     """Parse one request frame (without its size prefix).
 
     The frame is walked first (protocol/guard.py): lengths checked against the bytes
