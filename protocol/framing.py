@@ -371,17 +371,16 @@ def decode_request(frame: bytes, limits: Mapping[int, Mapping[tuple[str, str], L
         body_offset, header_tagged = request_header_end(frame, flexible)
     except WalkError as error:
         raise MalformedRequest(f"bad request header: {error}") from None
-    what = f"{body_type.__name__} v{api_version}"
     try:
         frame, marks = check_request(frame, body_type, body_offset, header_tagged,
                                      NO_LIMITS if limits is None
                                      else limits.get(api_key, NO_LIMITS))
     except LimitExceeded as error:
-        raise RequestOverLimit(f"{what}: {error}", api_key, api_version,
+        raise RequestOverLimit(f"{_what(body_type, api_version)}: {error}", api_key, api_version,
                                correlation_id) from None
     except WalkError as error:
-        raise MalformedBody(f"bad {what} body: {error}", api_key, api_version,
-                            correlation_id) from None
+        raise MalformedBody(f"bad {_what(body_type, api_version)} body: {error}", api_key,
+                            api_version, correlation_id) from None
     try:
         header, offset = read_entity(header_type, frame, 0)
         if len(marks) > SPLIT_ELEMENTS:
@@ -389,12 +388,17 @@ def decode_request(frame: bytes, limits: Mapping[int, Mapping[tuple[str, str], L
                                   _read_split(body_type, frame, offset, marks))
         body, end = read_entity(body_type, frame, offset)
     except EntityDecodeError as error:  # e.g. a string that is not UTF-8
-        raise MalformedBody(f"bad {what} body: {error}", api_key, api_version,
-                            correlation_id) from None
+        raise MalformedBody(f"bad {_what(body_type, api_version)} body: {error}", api_key,
+                            api_version, correlation_id) from None
     if end != len(frame):  # pragma: no cover - the walk checked this
-        raise MalformedBody(f"{len(frame) - end} trailing bytes after the {what} body",
+        raise MalformedBody(f"{len(frame) - end} trailing bytes after the "
+                            f"{_what(body_type, api_version)} body",
                             api_key, api_version, correlation_id)
     return DecodedRequest(api_key, api_version, correlation_id, header.client_id, body)
+
+
+def _what(body_type: type[Any], api_version: int) -> str:
+    return f"{body_type.__name__} v{api_version}"
 
 
 # Arrays of more elements than this (of SPLIT_ARRAYS) are decoded an element at a time,

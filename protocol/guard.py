@@ -98,11 +98,13 @@ class Limits(Mapping[tuple[str, str], Limit]):
     (entity class name, field name + "[]") -> the length limit of each string in an array
     of strings. Immutable and hashable, so the walk generated for it is found by it."""
 
-    __slots__ = ("_limits", "_hash")
+    __slots__ = ("_limits", "_hash", "walkers")
 
     def __init__(self, limits: Mapping[tuple[str, str], Limit] | None = None) -> None:
         self._limits = dict(limits or {})
         self._hash = hash(frozenset(self._limits.items()))
+        # entity type -> its walk with these limits: found without hashing the limits
+        self.walkers: dict[type[Any], Callable[[_Walk, int], int]] = {}
 
     def __getitem__(self, key: tuple[str, str]) -> Limit:
         return self._limits[key]
@@ -386,10 +388,14 @@ def check_request(frame: bytes, body_type: type[Any], body_offset: int,
     """
     if not isinstance(limits, Limits):  # a plain mapping (tests, tools): made hashable
         limits = Limits(limits)
+    walker = limits.walkers.get(body_type)
+    if walker is None:
+        walker = limits.walkers[body_type] = _walker(body_type, limits)
     walk = _Walk(frame)
-    walk.tagged = list(header_tagged)
+    if header_tagged:
+        walk.tagged = list(header_tagged)
     try:
-        end = _walker(body_type, limits)(walk, body_offset)
+        end = walker(walk, body_offset)
     except (IndexError, struct.error):
         raise WalkError(f"{body_type.__name__}: truncated") from None
     if end > len(frame):
