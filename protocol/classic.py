@@ -77,8 +77,9 @@ class ClassTable(dict[tuple[int, int], type[Any]]):
         return loaded
 
     def get(self, key: tuple[int, int], default: Any = None) -> Any:
-        if dict.__contains__(self, key):
-            return dict.__getitem__(self, key)
+        loaded = dict.get(self, key)  # every request asks: the loaded case first
+        if loaded is not None:
+            return loaded
         return self._load(key) if key in self._served else default
 
     def __missing__(self, key: tuple[int, int]) -> type[Any]:

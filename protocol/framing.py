@@ -43,9 +43,10 @@ from protocol import classic
 from protocol._codec import INT16, INT32, EntityDecodeError, read_entity, write_entity
 from protocol.errors import ErrorCode
 from protocol.guard import (
+    NO_LIMITS,
     SPLIT_ARRAYS,
+    Limit,
     LimitExceeded,
-    Limits,
     WalkError,
     check_request,
     request_header_end,
@@ -153,7 +154,6 @@ RESPONSE_CLASSES.update({
 })
 """(API key, version) -> response class."""
 
-NO_LIMITS: Limits = {}
 
 # api_key, api_version, correlation_id: the part of every request header we can read
 # before knowing which header version the request uses.
@@ -348,7 +348,8 @@ class DecodedRequest:
     body: RequestBody
 
 
-def decode_request(frame: bytes, limits: Mapping[int, Limits] | None = None) -> DecodedRequest:
+def decode_request(frame: bytes, limits: Mapping[int, Mapping[tuple[str, str], Limit]] | None = None
+                   ) -> DecodedRequest:
     """Parse one request frame (without its size prefix).
 
     The frame is walked first (protocol/guard.py): lengths checked against the bytes
@@ -374,17 +375,16 @@ def decode_request(frame: bytes, limits: Mapping[int, Limits] | None = None) -> 
         body_offset, header_tagged = request_header_end(frame, flexible)
     except WalkError as error:
         raise MalformedRequest(f"bad request header: {error}") from None
-    what = f"{body_type.__name__} v{api_version}"
     try:
         frame, marks = check_request(frame, body_type, body_offset, header_tagged,
                                      NO_LIMITS if limits is None
                                      else limits.get(api_key, NO_LIMITS))
     except LimitExceeded as error:
-        raise RequestOverLimit(f"{what}: {error}", api_key, api_version,
+        raise RequestOverLimit(f"{_what(body_type, api_version)}: {error}", api_key, api_version,
                                correlation_id) from None
     except WalkError as error:
-        raise MalformedBody(f"bad {what} body: {error}", api_key, api_version,
-                            correlation_id) from None
+        raise MalformedBody(f"bad {_what(body_type, api_version)} body: {error}", api_key,
+                            api_version, correlation_id) from None
     try:
         header, offset = read_entity(header_type, frame, 0)
         if len(marks) > SPLIT_ELEMENTS:
@@ -392,12 +392,17 @@ def decode_request(frame: bytes, limits: Mapping[int, Limits] | None = None) -> 
                                   _read_split(body_type, frame, offset, marks))
         body, end = read_entity(body_type, frame, offset)
     except EntityDecodeError as error:  # e.g. a string that is not UTF-8
-        raise MalformedBody(f"bad {what} body: {error}", api_key, api_version,
-                            correlation_id) from None
+        raise MalformedBody(f"bad {_what(body_type, api_version)} body: {error}", api_key,
+                            api_version, correlation_id) from None
     if end != len(frame):  # pragma: no cover - the walk checked this
-        raise MalformedBody(f"{len(frame) - end} trailing bytes after the {what} body",
+        raise MalformedBody(f"{len(frame) - end} trailing bytes after the "
+                            f"{_what(body_type, api_version)} body",
                             api_key, api_version, correlation_id)
     return DecodedRequest(api_key, api_version, correlation_id, header.client_id, body)
+
+
+def _what(body_type: type[Any], api_version: int) -> str:
+    return f"{body_type.__name__} v{api_version}"
 
 
 # Arrays of more elements than this (of SPLIT_ARRAYS) are decoded an element at a time,

@@ -14,7 +14,10 @@ kio will read it with, touching no more than the bytes it holds:
   handed to kio (the common frame has none and is handed over as it is); a section of
   more than MAX_TAGGED_FIELDS is refused;
 - arrays may carry limits (:class:`ArrayLimit`): an array whose declared count would take a
-  counter over its limit is refused when its count is read, before its elements are walked.
+  counter over its limit is refused when its count is read, before its elements are walked;
+- strings and bytes may carry limits (:class:`LengthLimit`): one whose declared length is
+  over its limit is refused when its length is read (ids too long to store in a record,
+  urls and metadata too large to hand out to every member).
 
 The walk costs about as much as the frame has elements; the limits bound that.
 """
@@ -22,7 +25,7 @@ The walk costs about as much as the frame has elements; the limits bound that.
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -54,13 +57,21 @@ class ArrayLimit:
     key: str
 
 
-class LimitExceeded(Exception):
-    """An array would take its counter over its limit."""
+@dataclass(frozen=True, slots=True)
+class LengthLimit:
+    """At most `maximum` bytes in one string or bytes field; `key` is the configuration
+    key that sets it (named in the refusal)."""
 
-    def __init__(self, limit: ArrayLimit, declared: int, what: str) -> None:
-        super().__init__(
-            f"{what}: {declared} elements take the request over its limit of "
-            f"{limit.maximum} ({limit.key})")
+    maximum: int
+    key: str
+
+
+class LimitExceeded(Exception):
+    """An array would take its counter over its limit, or a string or bytes field is
+    longer than its limit; the message names the field and the configuration key."""
+
+    def __init__(self, message: str, limit: ArrayLimit | LengthLimit) -> None:
+        super().__init__(message)
         self.limit = limit
 
 
@@ -79,19 +90,49 @@ _FIXED_SIZES = {"int8": 1, "int16": 2, "int32": 4, "int64": 8, "uint8": 1, "uint
                 "error_code": 2, "timedelta_i32": 4, "timedelta_i64": 8,
                 "datetime_i64": 8}
 
-Limits = Mapping[tuple[str, str], ArrayLimit]
-"""(entity class name, field name) -> the limit of that array field."""
+Limit = ArrayLimit | LengthLimit
+
+
+class Limits(Mapping[tuple[str, str], Limit]):
+    """(entity class name, field name) -> the limit of that array, string or bytes field;
+    (entity class name, field name + "[]") -> the length limit of each string in an array
+    of strings. Immutable and hashable, so the walk generated for it is found by it."""
+
+    __slots__ = ("_limits", "_hash", "walkers")
+
+    def __init__(self, limits: Mapping[tuple[str, str], Limit] | None = None) -> None:
+        self._limits = dict(limits or {})
+        self._hash = hash(frozenset(self._limits.items()))
+        # entity type -> its walk with these limits: found without hashing the limits
+        self.walkers: dict[type[Any], Callable[[_Walk, int], int]] = {}
+
+    def __getitem__(self, key: tuple[str, str]) -> Limit:
+        return self._limits[key]
+
+    def __iter__(self) -> Iterator[tuple[str, str]]:
+        return iter(self._limits)
+
+    def __len__(self) -> int:
+        return len(self._limits)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Limits) and self._limits == other._limits
+
+
+NO_LIMITS = Limits()
 
 
 class _Walk:
-    __slots__ = ("data", "end", "tagged", "counts", "limits", "marks")
+    __slots__ = ("data", "end", "tagged", "counts", "marks")
 
-    def __init__(self, data: bytes, limits: Limits) -> None:
+    def __init__(self, data: bytes) -> None:
         self.data = data
         self.end = len(data)
         self.tagged: list[tuple[int, int]] = []  # (start, end) of non-empty tagged sections
         self.counts: dict[str, int] = {}
-        self.limits = limits
         self.marks: list[int] = []  # offsets of a split array: its start, elements, end
 
     def need(self, offset: int, size: int, what: str) -> int:
@@ -153,8 +194,14 @@ class _Walk:
             return
         total = self.counts.get(limit.counter, 0) + declared
         if total > limit.maximum:
-            raise LimitExceeded(limit, declared, what)
+            raise LimitExceeded(f"{what}: {declared} elements take the request over its "
+                                f"limit of {limit.maximum} ({limit.key})", limit)
         self.counts[limit.counter] = total
+
+    @staticmethod
+    def too_long(size: int, limit: LengthLimit, what: str) -> None:
+        raise LimitExceeded(f"{what} is {size} bytes, above the limit of {limit.maximum} "
+                            f"({limit.key})", limit)
 
 
 class _Source:
@@ -192,24 +239,30 @@ class _Source:
         self.emit(depth, f"else: {target}, o = walk.uvarint(o, {self.constant(what)})")
 
     def length(self, depth: int, kafka_type: str, flexible: bool, nullable: bool,
-               what: str) -> None:
-        if flexible:
+               what: str, limit: Limit | None) -> None:
+        if flexible:  # compact: the length plus one, 0 for null
             self.uvarint(depth, "n", what)
             self.emit(depth, "if n: o += n - 1")
             if not nullable:
                 self.emit(depth, f"else: walk.null({self.constant(what)})")
-            return
-        prefix = "h" if kafka_type == "string" else "i"
-        size = 2 if prefix == "h" else 4
-        self.emit(depth, f"n = unpack_{prefix}(data, o)[0]; o += {size}")
-        self.emit(depth, "if n >= 0: o += n")
-        allowed = "n == -1" if nullable else "False"
-        self.emit(depth, f"elif not ({allowed}): walk.bad_length(n, {self.constant(what)})")
+            size = "n - 1"
+        else:
+            prefix = "h" if kafka_type == "string" else "i"
+            width = 2 if prefix == "h" else 4
+            self.emit(depth, f"n = unpack_{prefix}(data, o)[0]; o += {width}")
+            self.emit(depth, "if n >= 0: o += n")
+            allowed = "n == -1" if nullable else "False"
+            self.emit(depth, f"elif not ({allowed}): walk.bad_length(n, {self.constant(what)})")
+            size = "n"
+        if isinstance(limit, LengthLimit):
+            self.emit(depth, f"if {size} > {limit.maximum}: "
+                             f"walk.too_long({size}, {self.constant(limit)}, "
+                             f"{self.constant(what)})")
 
     def primitive(self, depth: int, kafka_type: str, flexible: bool, nullable: bool,
-                  what: str) -> None:
+                  what: str, limit: Limit | None = None) -> None:
         if kafka_type in ("string", "bytes", "records"):
-            self.length(depth, kafka_type, flexible, nullable, what)
+            self.length(depth, kafka_type, flexible, nullable, what, limit)
             return
         size = _FIXED_SIZES.get(kafka_type)
         if size is None:
@@ -251,12 +304,15 @@ class _Source:
             field_class = classify_field(field)
             limit = self.limits.get((name, field.name))
             if isinstance(field_class, PrimitiveField):
-                self.primitive(depth, get_schema_field_type(field), flexible, nullable, what)
+                self.primitive(depth, get_schema_field_type(field), flexible, nullable, what,
+                               limit)
             elif isinstance(field_class, PrimitiveTupleField):
                 kafka_type = get_schema_field_type(field)
-                self.array(depth, flexible, nullable, what, limit,
-                           lambda d, t=kafka_type, w=what: self.primitive(  # type: ignore[misc]
-                               d, t, flexible, False, w))
+                element_limit = self.limits.get((name, field.name + "[]"))
+                self.array(depth, flexible, nullable, what,
+                           limit if isinstance(limit, ArrayLimit) else None,
+                           lambda d, t=kafka_type, w=what + "[]",  # type: ignore[misc]
+                           el=element_limit: self.primitive(d, t, flexible, False, w, el))
             elif isinstance(field_class, EntityField):
                 if nullable:
                     self.emit(depth, "m = data[o]; o += 1")
@@ -267,7 +323,8 @@ class _Source:
                     self.entity(depth, field_class.type_)
             elif isinstance(field_class, EntityTupleField):
                 inner = field_class.type_
-                self.array(depth, flexible, nullable, what, limit,
+                self.array(depth, flexible, nullable, what,
+                           limit if isinstance(limit, ArrayLimit) else None,
                            lambda d, t=inner: self.entity(d, t),  # type: ignore[misc]
                            split=depth == 1 and (name, field.name) in SPLIT_ARRAYS)
             else:  # pragma: no cover - kio knows no other kind
@@ -277,13 +334,13 @@ class _Source:
             self.emit(depth, "else: o += 1")
 
 
-_WALKERS: dict[tuple[type[Any], frozenset[tuple[tuple[str, str], ArrayLimit]]],
-               Callable[[_Walk, int], int]] = {}
+# Generated code depends only on the (immutable) schema and limits it is made from.
+_WALKERS: dict[tuple[type[Any], Limits], Callable[[_Walk, int], int]] = {}
 
 
 def _walker(entity_type: type[Any], limits: Limits) -> Callable[[_Walk, int], int]:
     """The walk function of `entity_type` with `limits`, generated once."""
-    key = (entity_type, frozenset(limits.items()))
+    key = (entity_type, limits)
     walker = _WALKERS.get(key)
     if walker is None:
         source = _Source(limits)
@@ -300,21 +357,27 @@ def _walker(entity_type: type[Any], limits: Limits) -> Callable[[_Walk, int], in
 def request_header_end(frame: bytes, flexible: bool) -> tuple[int, list[tuple[int, int]]]:
     """Walk a request header (v1, or v2 when `flexible`); the offset after it and its
     non-empty tagged-field section, if any. The client id is a legacy string in both."""
-    walk = _Walk(frame, {})
     if len(frame) < 10:
         raise WalkError("RequestHeader: truncated")
     size: int = INT16.unpack_from(frame, 8)[0]
     if size < -1:
         raise WalkError(f"RequestHeader.client_id: length {size}")
-    offset = walk.need(10, max(size, 0), "RequestHeader.client_id")
-    if flexible:
-        offset = walk.tagged_fields(offset, "RequestHeader")
+    offset = 10 + max(size, 0)
+    if offset > len(frame):
+        raise WalkError(f"RequestHeader.client_id: {size} bytes declared, "
+                        f"{len(frame) - 10} left")
+    if not flexible:
+        return offset, []
+    if offset < len(frame) and frame[offset] == 0:  # the common header: no tagged fields
+        return offset + 1, []
+    walk = _Walk(frame)
+    offset = walk.tagged_fields(offset, "RequestHeader")
     return offset, walk.tagged
 
 
 def check_request(frame: bytes, body_type: type[Any], body_offset: int,
-                  header_tagged: list[tuple[int, int]], limits: Limits
-                  ) -> tuple[bytes, list[int]]:
+                  header_tagged: list[tuple[int, int]],
+                  limits: Mapping[tuple[str, str], Limit]) -> tuple[bytes, list[int]]:
     """Walk a request's body (at `body_offset`, after `request_header_end`); return the
     frame for kio: `frame` itself, or a copy whose tagged-field sections (the header's
     included) are emptied; and, in that frame, the offsets of a SPLIT_ARRAYS array (where
@@ -323,10 +386,16 @@ def check_request(frame: bytes, body_type: type[Any], body_offset: int,
     Raises WalkError for a body that does not have its schema's shape, LimitExceeded for
     an array over its limit.
     """
-    walk = _Walk(frame, limits)
-    walk.tagged = list(header_tagged)
+    if not isinstance(limits, Limits):  # a plain mapping (tests, tools): made hashable
+        limits = Limits(limits)
+    walker = limits.walkers.get(body_type)
+    if walker is None:
+        walker = limits.walkers[body_type] = _walker(body_type, limits)
+    walk = _Walk(frame)
+    if header_tagged:
+        walk.tagged = list(header_tagged)
     try:
-        end = _walker(body_type, limits)(walk, body_offset)
+        end = walker(walk, body_offset)
     except (IndexError, struct.error):
         raise WalkError(f"{body_type.__name__}: truncated") from None
     if end > len(frame):

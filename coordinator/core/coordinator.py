@@ -1347,6 +1347,8 @@ class GroupCoordinator:
     def _maybe_downgrade(self, change: _Change, now_ms: int) -> None:
         """After a change in which new-protocol members left: a group left with only
         classic members becomes a classic group (when the policy allows)."""
+        if not change.connect_member_left:
+            return
         for group_id in sorted(change.connect_member_left):
             group = self.store.groups.get(group_id)
             if group is not None and conversion.should_downgrade(self, group):

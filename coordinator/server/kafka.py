@@ -45,7 +45,7 @@ from coordinator.core.validation import CheckedInstall, check_install, install_u
 from coordinator.metrics import api_name
 from coordinator.server import classic
 from coordinator.server.classic import Address
-from coordinator.server.limits import decode_limits, describe_answer_bytes, oversized_field
+from coordinator.server.limits import decode_limits, describe_answer_bytes
 from coordinator.server.runtime import NotDurable, Runtime
 from protocol.classic import (
     CLASSIC_APIS,
@@ -88,6 +88,26 @@ SEND_BATCH_BYTES = 256 * 1024
 # The loop yields to other connections after answering for this long in one read.
 ANSWERING_SLICE_S = 0.002
 PROBLEM_LOG_INTERVAL_S = 10.0
+# Connection timeouts are checked this often: a tenth of the shorter timeout, within these
+# bounds (a timeout fires up to one check late).
+DEADLINE_CHECK_S = (0.01, 1.0)
+
+
+class ConnectionDeadline:
+    """When a connection waiting for bytes is cut off, and why.
+
+    One task checks every connection's deadline now and then, instead of a cancel scope
+    with a deadline around every read: trio registers and unregisters such a scope with
+    its timer heap each time, which cost a stable heartbeat's answer about a third more.
+    """
+
+    __slots__ = ("at", "reason", "scope", "expired")
+
+    def __init__(self) -> None:
+        self.at = math.inf  # no deadline while a request is being answered or sent
+        self.reason = ""
+        self.scope = trio.CancelScope()
+        self.expired = False
 
 
 # A describe whose answer is estimated above this is built and encoded in a thread.
@@ -168,9 +188,11 @@ class KafkaServer:
         self.in_flight = 0
         self.open_connections = 0
         self._refusals = ProblemLog()
-        self._idle = trio.Event()
-        self._idle.set()
+        # Made only when someone waits for the requests in flight to finish (a drain):
+        # an event a request would cost every request.
+        self._idle: trio.Event | None = None
         self._accepting: trio.CancelScope | None = None
+        self._deadlines: set[ConnectionDeadline] = set()
         self._connections: trio.CancelScope | None = None
         # Our own threads for big decodes and describes: at the loop's priority. A thread
         # of trio's cache may have been made a background one (scheduling.py), and one of
@@ -195,6 +217,7 @@ class KafkaServer:
         try:
             with trio.CancelScope() as self._connections:
                 async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._enforce_deadlines)
                     with trio.CancelScope() as self._accepting:
                         task_status.started(bound)
                         async with trio.open_nursery() as accept_nursery:
@@ -221,6 +244,21 @@ class KafkaServer:
         future.add_done_callback(wake)
         await done.wait()  # if cancelled, the work finishes unobserved: it changes nothing
         return future.result()
+
+    async def _enforce_deadlines(self) -> None:
+        """Cut off the connections whose deadline has passed (until the server stops)."""
+        config = self.config
+        shortest_s = min(config.connection_read_timeout_ms,
+                         config.connection_idle_timeout_ms) / 1000
+        low, high = DEADLINE_CHECK_S
+        interval_s = min(max(shortest_s / 10, low), high)
+        while True:
+            await trio.sleep(interval_s)
+            now = trio.current_time()
+            for deadline in self._deadlines:
+                if deadline.at <= now and not deadline.expired:
+                    deadline.expired = True
+                    deadline.scope.cancel()
 
     @staticmethod
     def _close(listeners: list[trio.SocketListener]) -> None:
@@ -254,7 +292,7 @@ class KafkaServer:
         # move on: they are told to find the coordinator again.
         self.runtime.waiters.release_all(ErrorCode.COORDINATOR_NOT_AVAILABLE)
         with trio.move_on_after(timeout_s):
-            await self._idle.wait()
+            await self.wait_idle()
         if self._connections is not None:
             self._connections.cancel()
 
@@ -283,30 +321,41 @@ class KafkaServer:
 
     async def _converse(self, stream: trio.SocketStream, problems: ProblemLog, peer: Any,
                         address: Address) -> None:
+        frames = FrameBuffer(self.max_frame_bytes)
+        deadline = ConnectionDeadline()
+        self._deadlines.add(deadline)
+        try:
+            with deadline.scope:
+                await self._read_and_answer(stream, problems, peer, address, frames, deadline)
+        finally:
+            self._deadlines.discard(deadline)
+        if deadline.expired:
+            reason = deadline.reason
+            self.runtime.metrics.reject(reason)
+            key = ("connection_read_timeout_ms" if reason == "read_timeout"
+                   else "connection_idle_timeout_ms")
+            problems.warning("connection_timed_out", reason=reason,
+                             buffered=frames.buffered_bytes, limit=FIELD_KEYS[key])
+
+    async def _read_and_answer(self, stream: trio.SocketStream, problems: ProblemLog,
+                               peer: Any, address: Address, frames: FrameBuffer,
+                               deadline: ConnectionDeadline) -> None:
+        """Until the peer closes, sends a bad frame, or `deadline` cuts it off."""
         metrics = self.runtime.metrics
         config = self.config
         read_timeout_s = config.connection_read_timeout_ms / 1000
         idle_timeout_s = config.connection_idle_timeout_ms / 1000
-        frames = FrameBuffer(self.max_frame_bytes)
         last_answer = trio.current_time()
         frame_started = 0.0  # when the first byte of the frame being read arrived
         while True:
             if frames.buffered_bytes:
-                deadline, reason = frame_started + read_timeout_s, "read_timeout"
+                deadline.at, deadline.reason = frame_started + read_timeout_s, "read_timeout"
             else:
-                deadline, reason = last_answer + idle_timeout_s, "idle_timeout"
-            data: bytes | bytearray | None = None
-            with trio.move_on_at(deadline):
-                # A large frame is read in large steps: fewer turns of the loop for it.
-                data = await stream.receive_some(
-                    min(max(RECEIVE_BYTES, frames.missing_bytes), LARGE_RECEIVE_BYTES))
-            if data is None:
-                metrics.reject(reason)
-                key = ("connection_read_timeout_ms" if reason == "read_timeout"
-                       else "connection_idle_timeout_ms")
-                problems.warning("connection_timed_out", reason=reason,
-                                 buffered=frames.buffered_bytes, limit=FIELD_KEYS[key])
-                return
+                deadline.at, deadline.reason = last_answer + idle_timeout_s, "idle_timeout"
+            # A large frame is read in large steps: fewer turns of the loop for it.
+            data = await stream.receive_some(
+                min(max(RECEIVE_BYTES, frames.missing_bytes), LARGE_RECEIVE_BYTES))
+            deadline.at = math.inf
             if not data:
                 if frames.buffered_bytes:
                     metrics.reject("truncated")
@@ -354,7 +403,10 @@ class KafkaServer:
 
     async def wait_idle(self) -> None:
         """Until no request is being answered."""
-        await self._idle.wait()
+        while self.in_flight:
+            if self._idle is None:
+                self._idle = trio.Event()
+            await self._idle.wait()
 
     async def answer_frame(self, frame: bytes, problems: ProblemLog, peer: Any,
                            address: Address) -> bytes | None:
@@ -369,9 +421,9 @@ class KafkaServer:
         started = time.perf_counter()
         try:
             if len(frame) > OFFLOAD_DECODE_BYTES:
-                request, problem, checked = await self._off_loop(self._decode, frame, True)
+                request, checked = await self._off_loop(self._decode, frame, True)
             else:
-                request, problem, checked = self._decode(frame, False)
+                request, checked = self._decode(frame, False)
         except UnsupportedApi as error:
             self._count(error.api_key, ErrorCode.UNSUPPORTED_VERSION, started)
             return error_response(error.api_key, error.api_version, error.correlation_id,
@@ -387,12 +439,8 @@ class KafkaServer:
             problems.warning("malformed_request_closing_connection", error=str(error))
             return None
         self.in_flight += 1
-        self._idle = trio.Event() if self.in_flight == 1 else self._idle
         try:
-            if problem is not None:
-                answer, code = self._refuse(request, problems, problem,
-                                            getattr(request.body, "group_ids", ()))
-            elif request.api_key in CLASSIC_APIS:
+            if request.api_key in CLASSIC_APIS:
                 answer, code = await self._classic(request, peer,
                                                    address or Address("", -1))
             else:
@@ -405,26 +453,24 @@ class KafkaServer:
                                     f"internal error: {type(error).__name__}: {error}")
         finally:
             self.in_flight -= 1
-            if self.in_flight == 0:
+            if self.in_flight == 0 and self._idle is not None:
                 self._idle.set()
+                self._idle = None
         self._count(request.api_key, code, started)
         return answer
 
     def _decode(self, frame: bytes, off_loop: bool
-                ) -> tuple[DecodedRequest, str | None, CheckedInstall | None]:
-        """The request; what in it is over a length limit (coordinator/server/limits.py);
+                ) -> tuple[DecodedRequest, CheckedInstall | None]:
+        """The request, held to its limits as it is walked (coordinator/server/limits.py);
         off the loop, a large Install's `check_install` too (here, rather than in the
         runtime's background threads, whose lower priority made the loop wait for the
         GIL they held)."""
         request = decode_request(frame, self.decode_limits)
-        if request.api_key == API_VERSIONS:
-            return request, None, None
-        problem = oversized_field(request.api_key, request.body, self.config)
         checked = None
-        if (off_loop and problem is None and request.api_key == INSTALL
+        if (off_loop and request.api_key == INSTALL
                 and install_unit_count(request.body) >= self.runtime.install_offload_units):
             checked = check_install(request.body)
-        return request, problem, checked
+        return request, checked
 
     def _count(self, api_key: int, code: int, started: float) -> None:
         self.runtime.metrics.observe_request(api_key, code, time.perf_counter() - started)

@@ -168,3 +168,28 @@ def test_a_large_install_is_read_an_element_at_a_time_to_the_same_body(
         fields = [(9, b"abc")]
         frame = frame[:11] + _tagged(fields) + frame[12:-1] + _tagged(fields)
     assert decode_request(frame).body == body
+
+
+def test_a_string_over_its_length_limit_is_refused_when_its_length_is_read() -> None:
+    from protocol.guard import LengthLimit
+    limits = {1003: {("ConnectGroupDescribeRequest", "group_ids[]"):
+                     LengthLimit(5, "group.connect.max.id.bytes")}}
+    fits = _frame(1003, 0, ConnectGroupDescribeRequest(group_ids=("12345",)))
+    assert decode_request(fits, limits).body.group_ids == ("12345",)
+    too_long = _frame(1003, 0, ConnectGroupDescribeRequest(group_ids=("123456",)))
+    with pytest.raises(RequestOverLimit, match=r"6 bytes, above the limit of 5 \(group.c"):
+        decode_request(too_long, limits)
+    # a length declared far beyond the bytes there: the limit speaks first, not "truncated"
+    declared = _describe_header() + b"\x02" + uvarint(1_000_001) + b"x"
+    with pytest.raises(RequestOverLimit, match="1000000 bytes"):
+        decode_request(declared, limits)
+
+
+def test_length_limits_count_bytes_not_characters() -> None:
+    from protocol.guard import LengthLimit
+    limits = {1003: {("ConnectGroupDescribeRequest", "group_ids[]"):
+                     LengthLimit(5, "group.connect.max.id.bytes")}}
+    three_characters_six_bytes = "éé\u00e9"
+    with pytest.raises(RequestOverLimit, match="6 bytes"):
+        decode_request(_frame(1003, 0, ConnectGroupDescribeRequest(
+            group_ids=(three_characters_six_bytes,))), limits)
