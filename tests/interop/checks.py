@@ -10,8 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from coordinator.realkafka import (
+    Coordinator,
     TaskRuns,
     Worker,
+    all_running,
     overlapping_runs,
     task_intervals,
     verifiable_lines,
@@ -24,6 +26,42 @@ MARKS = ("committed", "flushed")
 def worker_id(url: str) -> str:
     """Connect's worker id (host:port) from its REST url."""
     return url.removeprefix("http://").removeprefix("https://").rstrip("/")
+
+
+def agreed_assignment(coordinator: Coordinator, workers: list[Worker], group: str,
+                      tasks: dict[str, int]) -> dict[str, Any] | None:
+    """Both views once every task runs and they agree: the coordinator's (who holds
+    what in the classic group, from the admin API) and Connect's (GET
+    /connectors/NAME/status); `tasks`: each connector's task count."""
+    statuses = {}
+    for name, count in tasks.items():
+        status = all_running(workers[0], name, count)
+        if status is None:
+            return None
+        statuses[name] = status
+    view = coordinator.admin(f"/groups/{group}")
+    if view["state"] != "Stable" or len(view["members"]) != len(workers) or \
+            any("holds" not in member for member in view["members"]):
+        return None
+    held: dict[tuple[str, int], str] = {}
+    for member in view["members"]:
+        for task in member["holds"]["tasks"]:
+            held[(task["connector"], task["task"])] = worker_id(member["worker_url"])
+    running = {(name, task["id"]): task["worker_id"]
+               for name, status in statuses.items() for task in status["tasks"]}
+    if held != running:
+        return None
+    return {"view": view, "running": running}
+
+
+def wait_all_running_and_agreed(coordinator: Coordinator, workers: list[Worker], group: str,
+                                tasks: dict[str, int], timeout_s: float = 150
+                                ) -> dict[str, Any]:
+    agreed: dict[str, Any] = wait_for(
+        lambda: agreed_assignment(coordinator, workers, group, tasks), timeout_s,
+        "every task RUNNING, the coordinator's view and Connect's status agreeing",
+        interval_s=1.0)
+    return agreed
 
 
 def seqnos(workers: list[Worker], name: str, mark: str | None = None

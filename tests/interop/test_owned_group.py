@@ -29,7 +29,6 @@ from coordinator.realkafka import (
     Broker,
     Coordinator,
     Worker,
-    all_running,
     overlapping_runs,
     restart_worker,
     run_tool,
@@ -43,6 +42,7 @@ from tests.interop.checks import (
     assert_no_gaps,
     assert_no_task_on_two_workers,
     seqnos,
+    wait_all_running_and_agreed,
     worker_id,
 )
 from tests.interop.test_proxy import _metric
@@ -91,34 +91,10 @@ def cluster(kafka_broker: Broker, tmp_path_factory: pytest.TempPathFactory
 # -- checks ---------------------------------------------------------------------------------
 
 
-def _agreed_assignment(cluster: Cluster) -> dict[str, Any] | None:
-    """Both views once every task runs and they agree: the coordinator's (who holds
-    what, from the admin API) and Connect's (GET /connectors/NAME/status)."""
-    statuses = {}
-    for name, tasks in (("source", SOURCE_TASKS), ("sink", SINK_TASKS)):
-        status = all_running(cluster.workers[0], name, tasks)
-        if status is None:
-            return None
-        statuses[name] = status
-    view = cluster.coordinator.admin(f"/groups/{GROUP}")
-    if view["state"] != "Stable" or len(view["members"]) != 3:
-        return None
-    held: dict[tuple[str, int], str] = {}
-    for member in view["members"]:
-        for task in member["holds"]["tasks"]:
-            held[(task["connector"], task["task"])] = worker_id(member["worker_url"])
-    running = {(name, task["id"]): task["worker_id"]
-               for name, status in statuses.items() for task in status["tasks"]}
-    if held != running:
-        return None
-    return {"view": view, "running": running}
-
-
 def _wait_all_running_and_agreed(cluster: Cluster, timeout_s: float = 150) -> dict[str, Any]:
-    agreed: dict[str, Any] = wait_for(lambda: _agreed_assignment(cluster), timeout_s,
-                                      "every task RUNNING, the coordinator's view and "
-                                      "Connect's status agreeing", interval_s=1.0)
-    return agreed
+    return wait_all_running_and_agreed(cluster.coordinator, cluster.workers, GROUP,
+                                       {"source": SOURCE_TASKS, "sink": SINK_TASKS},
+                                       timeout_s)
 
 
 def _assert_no_gaps(cluster: Cluster, *, duplicates_allowed: bool) -> None:
