@@ -79,6 +79,7 @@ if TYPE_CHECKING:
 
 INCREMENTAL_COOPERATIVE = "incremental-cooperative"
 EAGER = "eager"
+MAX_REASON = 127  # the reason is an int8; 0 is "nothing asked"
 NO_UNITS: frozenset[Unit] = frozenset()
 
 # The connect engine's errors told in classic terms.
@@ -104,8 +105,10 @@ def _merge(results: list[Result[Any]], response: Any) -> Result[Any]:
     return merged
 
 
-def _client_assignors(protocols: tuple[tuple[str, bytes], ...]) -> tuple[ClientAssignor, ...]:
-    """A classic member's protocols as the client assignors it counts as listing."""
+def _client_assignors(protocols: tuple[tuple[str, bytes], ...], reason: int = 0
+                      ) -> tuple[ClientAssignor, ...]:
+    """A classic member's protocols as the client assignors it counts as listing; `reason`
+    stands for its rebalance requests (see `ClassicBridge._reason`)."""
     versions = [PROTOCOL_VERSIONS[name] for name, _ in protocols if name in PROTOCOL_VERSIONS]
     metadata = {PROTOCOL_VERSIONS[name]: data for name, data in protocols
                 if name in PROTOCOL_VERSIONS}
@@ -114,11 +117,12 @@ def _client_assignors(protocols: tuple[tuple[str, bytes], ...]) -> tuple[ClientA
     if cooperative:
         top = cooperative[-1]
         assignors.append(ClientAssignor(name=INCREMENTAL_COOPERATIVE, minimum_version=1,
-                                        maximum_version=top, reason=0, version=top,
+                                        maximum_version=top, reason=reason, version=top,
                                         metadata=metadata[top]))
     if EAGER_VERSION in versions:
         assignors.append(ClientAssignor(name=EAGER, minimum_version=0, maximum_version=0,
-                                        reason=0, version=0, metadata=metadata[EAGER_VERSION]))
+                                        reason=reason, version=0,
+                                        metadata=metadata[EAGER_VERSION]))
     return tuple(assignors)
 
 
@@ -161,6 +165,7 @@ class ClassicBridge:
                 return Result(JoinAnswer(ErrorCode.MEMBER_ID_REQUIRED, member_id))
         group = self.core.store.groups.get(request.group_id)
         known = group.members.get(member_id) if group is not None else None
+        previous = self.store.bridged.get((request.group_id, member_id))
         allocation = metadata.allocation.assigned \
             if metadata.allocation is not None and metadata.version >= 1 else NO_UNITS
         results: list[Result[Any]] = []
@@ -169,7 +174,8 @@ class ClassicBridge:
             member_epoch=known.current.epoch if known is not None else 0,
             instance_id=request.instance_id, worker_url=metadata.url or "unknown",
             rebalance_timeout_ms=request.rebalance_timeout_ms,
-            client_assignors=_client_assignors(request.protocols),
+            client_assignors=_client_assignors(
+                request.protocols, self._reason(group, known, previous)),
             owned_connectors_and_tasks=units_to_wire(allocation) if known is not None
             else None)
         result = self.core.heartbeat(heartbeat, now_ms)
@@ -179,7 +185,6 @@ class ClassicBridge:
             return _merge(results, JoinAnswer(_JOIN_ERRORS.get(code, code), member_id))
         epoch = int(result.response.member_epoch)
         protocol = self._protocol_name(request.group_id, request.protocols)
-        previous = self.store.bridged.get((request.group_id, member_id))
         bridged = ClassicBridgeMemberValue(
             protocol_name=protocol, session_timeout_ms=request.session_timeout_ms,
             config_offset=metadata.config_offset, allocation=_units_bytes(allocation),
@@ -203,6 +208,25 @@ class ClassicBridge:
                                 for m in prepared.response.members)
         return _merge(results, JoinAnswer(ErrorCode.NONE, member_id, epoch, PROTOCOL_TYPE,
                                           protocol, leader, members))
+
+    @staticmethod
+    def _reason(group: Any, known: Any, bridged: ClassicBridgeMemberValue | None) -> int:
+        """The reason its client assignors carry. A JoinGroup the coordinator did not ask
+        for (the member was told everything of the group's current epoch) is the worker
+        asking for a rebalance, as a broker takes any JoinGroup: Connect workers rejoin
+        so when the `delay` of their assignment is over, for their leader to hand out
+        the units it held back. A new reason is new assignor metadata: the group epoch
+        rises and the chosen worker assigns again. Otherwise the reason stays."""
+        if known is None or known.metadata is None:
+            return 0
+        reason = max((a.reason for a in known.metadata.client_assignors), default=0)
+        current = known.current
+        asked_nothing = (
+            bridged is not None
+            and group.epoch == group.assignment_epoch == current.epoch == bridged.told_epoch
+            and current.state is MemberState.STABLE
+            and current.assigned == _units_of(bridged.told))
+        return reason % MAX_REASON + 1 if asked_nothing else reason
 
     @staticmethod
     def _own_session(result: Result[Any], group_id: str, member_id: str, timeout_ms: int,
@@ -282,16 +306,36 @@ class ClassicBridge:
             told = ConnectAssignment(EAGER_VERSION, 0, leader, leader_url, offset, now_holds)
         else:
             told = ConnectAssignment(version, 0, leader, leader_url, offset,
-                                     now_holds - allocation, allocation - now_holds)
+                                     now_holds - allocation, allocation - now_holds,
+                                     self._delay_left(group, request.member_id, now_ms))
+        # The generation the worker goes on with: its JoinGroup's, even when the sync
+        # moved its epoch on (then its next heartbeat has it rejoin).
         value = ClassicBridgeMemberValue(
             protocol_name=bridged.protocol_name, session_timeout_ms=bridged.session_timeout_ms,
             config_offset=bridged.config_offset, allocation=bridged.allocation,
-            told_epoch=member.current.epoch, told=_units_bytes(now_holds))
+            told_epoch=request.generation, told=_units_bytes(now_holds))
         record = bridge_record(request.group_id, request.member_id, value)
         results.append(Result(None, [record], undo=[self.store.current_record(record.key)]))
         self.store.replay(record)
         return _merge(results, SyncAnswer(ErrorCode.NONE, PROTOCOL_TYPE, bridged.protocol_name,
                                           encode_assignment(told)))
+
+    @staticmethod
+    def _delay_left(group: Any, member_id: str, now_ms: int) -> int:
+        """What is left of the `delay` the assigning worker gave this member in the last
+        assignment (ms; at least 1 once over, so that the worker still rejoins): when it
+        is over, the worker rejoins and its leader hands out the units it held back."""
+        part = group.target.get(member_id)
+        if part is None or not part.metadata:
+            return 0
+        try:
+            delay = decode_assignment(part.metadata).delay_ms
+        except ConnectProtocolError:
+            return 0
+        if delay <= 0:
+            return 0
+        installed_ms: int = group.last_assignment_ms
+        return max(installed_ms + delay - now_ms, 1)
 
     def _install(self, group: Any, request: SyncRequest, group_epoch: int,
                  now_ms: int) -> Result[str | None]:
