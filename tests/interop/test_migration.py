@@ -1,8 +1,10 @@
 """Migration with real workers: three unmodified Connect workers form a classic group owned
 by the coordinator (proxy mode) and run a VerifiableSource and a VerifiableSink; then
 simulated workers of the new protocol join the same group, which converts to a connect
-group with the real workers bridged (upgrade), and leave again, which converts it back to
-a classic group (downgrade). The real tasks run throughout.
+group with the real workers bridged (upgrade), and leave again one after the other: after
+the first leave Connect's leader hands the departed worker's units out once its delay is
+over, after the last one the group converts back to a classic group (downgrade). The real
+tasks run throughout.
 
 The simulated workers cannot run Connect tasks, but they hold the units they are given
 (from the moment the coordinator grants one until they release it), so their runs count
@@ -119,21 +121,35 @@ def _group_view(coordinator: Any) -> dict[str, Any]:
     return view
 
 
-def _mixed_and_settled(coordinator: Any) -> dict[str, Any] | None:
-    """The connect group once every member holds its whole target, nothing is left
-    unassigned and each simulated worker holds some task."""
+def _every_unit() -> set[str]:
+    units = set(TASKS)
+    units.update(f"{name}-{task}" for name, count in TASKS.items() for task in range(count))
+    return units
+
+
+def _held(assigned: dict[str, Any]) -> set[str]:
+    return set(assigned["connectors"]) | {f"{task['connector']}-{task['task']}"
+                                          for task in assigned["tasks"]}
+
+
+def _mixed_and_settled(coordinator: Any, simulated: int) -> dict[str, Any] | None:
+    """The connect group of the three real workers and `simulated` simulated ones once
+    every member holds its whole target, every connector and task is held by someone
+    (units its leader held back included: the coordinator knows a group's units only
+    from its workers' assignments) and each simulated worker holds some task."""
     view = _group_view(coordinator)
-    if view["type"] != "connect" or len(view["members"]) != 3 + len(SIMULATED):
+    if view["type"] != "connect" or len(view["members"]) != 3 + simulated:
         return None
-    if view["unassigned"]["names"] or view["group_epoch"] != view["assignment_epoch"]:
+    if view["group_epoch"] != view["assignment_epoch"]:
         return None
+    held: set[str] = set()
     for member in view["members"]:
-        if member["assigned"] != member["target"] or member["pending_revocation"]["tasks"] \
-                or member["pending_revocation"]["connectors"]:
+        if member["assigned"] != member["target"] or _held(member["pending_revocation"]):
             return None
         if member["protocol"] == "connect" and not member["assigned"]["tasks"]:
             return None
-    return view
+        held |= _held(member["assigned"])
+    return view if held == _every_unit() else None
 
 
 def test_classic_group_of_real_workers_upgraded_and_downgraded_by_new_protocol_workers(
@@ -161,7 +177,7 @@ def test_classic_group_of_real_workers_upgraded_and_downgraded_by_new_protocol_w
     processes.append(simulated)
     for name in SIMULATED:
         simulated.call("start", name=name)
-    mixed = wait_for(lambda: _mixed_and_settled(coordinator), 120,
+    mixed = wait_for(lambda: _mixed_and_settled(coordinator, 2), 120,
                      "the group to be a connect group of 5 settled members, each simulated "
                      "worker holding tasks", interval_s=1.0)
     protocols = sorted(member["protocol"] for member in mixed["members"])
@@ -170,7 +186,13 @@ def test_classic_group_of_real_workers_upgraded_and_downgraded_by_new_protocol_w
     assert status["failures"] == [], status
     time.sleep(3)  # the real workers run what they kept, the simulated ones hold theirs
 
-    # Downgrade: the new-protocol workers leave (each stops its units first).
+    # One leaves: the group stays a connect group. Connect's leader holds the departed
+    # worker's units back for scheduled.rebalance.max.delay.ms, then hands them out.
+    simulated.call("stop", name=SIMULATED[1])
+    wait_for(lambda: _mixed_and_settled(coordinator, 1), 120,
+             "the units of the simulated worker that left to be held again", interval_s=1.0)
+
+    # Downgrade: the last new-protocol worker leaves (it stops its units first).
     simulated.call("close", timeout_s=60)
     after = wait_all_running_and_agreed(coordinator, workers, GROUP, TASKS)["view"]
     assert after["type"] == "classic" and len(after["members"]) == 3
