@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 import statistics
 import sys
 import tempfile
@@ -67,6 +68,7 @@ SYSTEM_TEST_WORKERS: dict[str, object] = {
 
 @dataclass
 class Bounce:
+    leader: bool  # the worker bounced was Connect's leader
     seconds: float  # SIGTERM to every connector and task RUNNING again
     stopped: int  # task runs that ended on the workers not bounced
     started: int  # task runs that began there
@@ -101,6 +103,39 @@ def _runs_in(worker: Worker, since: float, until: float) -> tuple[int, int, list
     return stopped, started, moved
 
 
+JOINED = re.compile(r"Joined group at generation \d+ .*got assignment: Assignment\{.*"
+                    r"leaderUrl='([^']*)'")
+
+
+def connect_leader(workers: list[Worker]) -> int | None:
+    """The index of the worker Connect's latest assignment names as leader (its logs)."""
+    latest: tuple[str, str] | None = None
+    for worker in workers:
+        for line in worker.process.log_text().splitlines():
+            match = JOINED.search(line)
+            if match is not None and (latest is None or line[:25] >= latest[0]):
+                latest = (line[:25], match.group(1))
+    if latest is None:
+        return None
+    for index, worker in enumerate(workers):
+        if latest[1].rstrip("/") == worker.url:
+            return index
+    return None
+
+
+def pick(workers: list[Worker], number: int, which: str) -> int:
+    """The worker to bounce: in rotation, or the leader, or the next worker that is not."""
+    if which == "rotation":
+        return number % len(workers)
+    leader = connect_leader(workers)
+    if leader is None:
+        raise RuntimeError("no leader named in the workers' logs")
+    if which == "leader":
+        return leader
+    followers = [index for index in range(len(workers)) if index != leader]
+    return followers[number % len(followers)]
+
+
 def bounce(workers: list[Worker], index: int, settle_s: float, timeout_s: float) -> Bounce:
     others = [worker for position, worker in enumerate(workers) if position != index]
     watcher = others[0]
@@ -125,10 +160,10 @@ def bounce(workers: list[Worker], index: int, settle_s: float, timeout_s: float)
         ended, begun, names = _runs_in(worker, began, time.time())
         stopped, started = stopped + ended, started + begun
         moved += names
-    return Bounce(seconds, stopped, started, moved)
+    return Bounce(False, seconds, stopped, started, moved)
 
 
-def run_side(root: Path, side: str, broker_bootstrap: str, bounces: int,
+def run_side(root: Path, side: str, broker_bootstrap: str, bounces: int, which: str,
              overrides: dict[str, object], settle_s: float, timeout_s: float) -> list[Bounce]:
     started: list[Any] = []
     coordinator: Coordinator | None = None
@@ -159,9 +194,14 @@ def run_side(root: Path, side: str, broker_bootstrap: str, bounces: int,
         time.sleep(settle_s)
         results = []
         for number in range(bounces):
-            result = bounce(workers, number % len(workers), settle_s, timeout_s)
+            index = pick(workers, number, which)
+            leader = connect_leader(workers)
+            result = bounce(workers, index, settle_s, timeout_s)
+            result.leader = index == leader
             results.append(result)
-            print(f"  {side:8} bounce {number + 1}: all RUNNING after {result.seconds:5.1f} s; "
+            role = "the leader" if result.leader else "a follower"
+            print(f"  {side:8} bounce {number + 1} ({role}): all RUNNING after "
+                  f"{result.seconds:5.1f} s; "
                   f"on the other workers {result.stopped} task runs stopped, "
                   f"{result.started} started {' '.join(sorted(result.moved))}", flush=True)
         return results
@@ -186,9 +226,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scheduled-delay-ms", type=int,
                         default=int(str(SYSTEM_TEST_WORKERS["scheduled.rebalance.max.delay.ms"])),
                         help="the workers' scheduled.rebalance.max.delay.ms")
+    parser.add_argument("--bounce", choices=("follower", "leader", "rotation"),
+                        default="follower",
+                        help="which worker to bounce: one that is not Connect's leader "
+                             "(default), the leader (a new leader knows nothing of the "
+                             "delay: it hands the departed worker's tasks out at once), "
+                             "or each in turn")
     parser.add_argument("--settle", type=float, default=5.0,
                         help="seconds after all RUNNING in which stops and starts still count")
     parser.add_argument("--timeout", type=float, default=180.0)
+    parser.add_argument("--work-dir", type=Path, default=None,
+                        help="keep the processes' folders (logs) here instead of a "
+                             "temporary folder")
     args = parser.parse_args(argv)
     sides = [side.strip() for side in args.sides.split(",") if side.strip()]
     unknown = [side for side in sides if side not in SIDES]
@@ -203,16 +252,17 @@ def main(argv: list[str] | None = None) -> int:
     overrides = dict(SYSTEM_TEST_WORKERS)
     overrides["scheduled.rebalance.max.delay.ms"] = args.scheduled_delay_ms
     print(f"3 workers, a VerifiableSource of {TASKS['source']} tasks and a VerifiableSink of "
-          f"{TASKS['sink']}; {args.bounces} clean bounces per side; workers: "
+          f"{TASKS['sink']}; {args.bounces} clean bounces per side (the worker bounced: "
+          f"{args.bounce}); workers: "
           + ", ".join(f"{key}={value}" for key, value in overrides.items()), flush=True)
     results: dict[str, list[Bounce]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-bounce-") as scratch:
-        root = Path(scratch)
+        root = args.work_dir.resolve() if args.work_dir is not None else Path(scratch)
         broker = start_broker(root / "broker")
         try:
             for side in sides:
                 results[side] = run_side(root / side, side, broker.bootstrap, args.bounces,
-                                         overrides, args.settle, args.timeout)
+                                         args.bounce, overrides, args.settle, args.timeout)
         finally:
             broker.stop()
     print("median       all RUNNING   stopped elsewhere   started elsewhere")

@@ -258,3 +258,17 @@ def test_the_leaders_delay_reaches_its_workers_and_their_rejoin_after_it_reassig
             member, protocols=(("sessioned", worker.metadata()),), client_id="w1")) \
             .assigned == frozenset()
     assert worker.held == units_of({"A": 2})
+
+
+def test_workers_of_an_empty_config_topic_are_told_its_offset_minus_one() -> None:
+    """Connect reports -1 as the config offset of an empty config topic; told 0, a worker
+    cannot read up to it and forces a rebalance, again and again."""
+    ctx = ClassicContext(classic_group_type="connect", assignment_interval_ms=0)
+    metadata = encode_worker_metadata(WorkerMetadata(2, "http://w", -1))
+    member = ctx.new_member(protocols=(("sessioned", metadata),), client_id="w")
+    joined = ctx.take("join", member)
+    assert isinstance(joined, JoinAnswer) and joined.leader == member
+    empty = ConnectAssignment(2, leader=member, config_offset=-1)
+    synced = ctx.sync(member, joined.generation, assignments={member: encode_assignment(empty)})
+    assert isinstance(synced, SyncAnswer) and synced.error == E.NONE
+    assert decode_assignment(synced.assignment).config_offset == -1

@@ -386,13 +386,15 @@ class ClassicBridge:
             offsets[member_id] = (offset, member.metadata.worker_url)
             if best is None or (offset, member_id) > (best[0], best[1]):
                 best = (offset, member_id, member.metadata.worker_url)
-        highest = max((offset for offset, _ in offsets.values()), default=0)
+        # -1 is what Connect reports for an empty config topic: told 0, a worker would
+        # wait for an offset that does not exist and force a rebalance again and again.
+        highest = max((offset for offset, _ in offsets.values()), default=-1)
         chosen = group.chosen_member
         if chosen is not None and chosen in offsets:
-            return chosen, offsets[chosen][1], max(highest, 0)
+            return chosen, offsets[chosen][1], highest
         if best is None:
-            return "", "", 0
-        return best[1], best[2], max(highest, 0)
+            return "", "", -1
+        return best[1], best[2], highest
 
     # ------------------------------------------------------------------ Heartbeat
     def heartbeat(self, request: HeartbeatRequest, now_ms: int) -> Result[HeartbeatAnswer]:
