@@ -272,3 +272,26 @@ def test_workers_of_an_empty_config_topic_are_told_its_offset_minus_one() -> Non
     synced = ctx.sync(member, joined.generation, assignments={member: encode_assignment(empty)})
     assert isinstance(synced, SyncAnswer) and synced.error == E.NONE
     assert decode_assignment(synced.assignment).config_offset == -1
+
+
+def test_a_rejoin_whose_allocation_differs_only_in_what_it_was_told_moves_nothing() -> None:
+    """Connect's metadata carries its whole last assignment as its allocation (leader,
+    offset, revoked units, delay): only the units it runs are what it owns. A rejoin that
+    differs in the rest is no new metadata, or every told delay would start a round."""
+    ctx = ClassicContext(classic_group_type="connect", assignment_interval_ms=0)
+    runs = units_of({"A": 1})
+
+    def metadata(delay_ms: int, leader: str) -> bytes:
+        return encode_worker_metadata(WorkerMetadata(2, "http://w", 3, ConnectAssignment(
+            2, leader=leader, config_offset=3, assigned=runs, delay_ms=delay_ms)))
+
+    member = ctx.new_member(protocols=(("sessioned", metadata(0, "")),), client_id="w")
+    joined = ctx.take("join", member)
+    assert isinstance(joined, JoinAnswer)
+    ctx.sync(member, joined.generation, assignments={member: encode_assignment(
+        ConnectAssignment(2, leader=member, config_offset=3))})
+    epoch = ctx.core.store.groups["g"].epoch
+    again = ctx.join(member, protocols=(("sessioned", metadata(57_000, member)),),
+                     client_id="w")
+    assert isinstance(again, JoinAnswer) and again.error == E.NONE
+    assert ctx.core.store.groups["g"].epoch == epoch

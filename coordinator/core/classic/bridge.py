@@ -110,7 +110,7 @@ def _client_assignors(protocols: tuple[tuple[str, bytes], ...], reason: int = 0
     """A classic member's protocols as the client assignors it counts as listing; `reason`
     stands for its rebalance requests (see `ClassicBridge._reason`)."""
     versions = [PROTOCOL_VERSIONS[name] for name, _ in protocols if name in PROTOCOL_VERSIONS]
-    metadata = {PROTOCOL_VERSIONS[name]: data for name, data in protocols
+    metadata = {PROTOCOL_VERSIONS[name]: _owned_part(data) for name, data in protocols
                 if name in PROTOCOL_VERSIONS}
     assignors = []
     cooperative = sorted(v for v in versions if v >= 1)
@@ -124,6 +124,24 @@ def _client_assignors(protocols: tuple[tuple[str, bytes], ...], reason: int = 0
                                         reason=reason, version=0,
                                         metadata=metadata[EAGER_VERSION]))
     return tuple(assignors)
+
+
+def _owned_part(data: bytes) -> bytes:
+    """Connect metadata with its allocation cut down to the units the worker runs. Connect
+    sends its whole last assignment as its allocation (leader, offset, revoked units,
+    delay); the rest is what it was told, not what it owns, and must not count as new
+    metadata (each told delay would start another round). Bytes that do not decode are
+    kept as they are."""
+    try:
+        decoded = decode_worker_metadata(data)
+    except ConnectProtocolError:
+        return data
+    if decoded.version < 1 or decoded.allocation is None:
+        return data
+    owned = ConnectAssignment(decoded.allocation.version,
+                              assigned=decoded.allocation.assigned)
+    return encode_worker_metadata(WorkerMetadata(decoded.version, decoded.url,
+                                                 decoded.config_offset, owned))
 
 
 def _units_bytes(units: frozenset[Unit]) -> bytes:
@@ -175,7 +193,7 @@ class ClassicBridge:
             instance_id=request.instance_id, worker_url=metadata.url or "unknown",
             rebalance_timeout_ms=request.rebalance_timeout_ms,
             client_assignors=_client_assignors(
-                request.protocols, self._reason(group, known, previous)),
+                request.protocols, self._reason(group, known, previous, now_ms)),
             owned_connectors_and_tasks=units_to_wire(allocation) if known is not None
             else None)
         result = self.core.heartbeat(heartbeat, now_ms)
@@ -209,24 +227,27 @@ class ClassicBridge:
         return _merge(results, JoinAnswer(ErrorCode.NONE, member_id, epoch, PROTOCOL_TYPE,
                                           protocol, leader, members))
 
-    @staticmethod
-    def _reason(group: Any, known: Any, bridged: ClassicBridgeMemberValue | None) -> int:
-        """The reason its client assignors carry. A JoinGroup the coordinator did not ask
-        for (the member was told everything of the group's current epoch) is the worker
-        asking for a rebalance, as a broker takes any JoinGroup: Connect workers rejoin
-        so when the `delay` of their assignment is over, for their leader to hand out
-        the units it held back. A new reason is new assignor metadata: the group epoch
-        rises and the chosen worker assigns again. Otherwise the reason stays."""
+    @classmethod
+    def _reason(cls, group: Any, known: Any, bridged: ClassicBridgeMemberValue | None,
+                now_ms: int) -> int:
+        """The reason its client assignors carry. A worker told a `delay` rejoins when it
+        is over, for its leader to hand out the units it held back: a broker takes that
+        JoinGroup as a new rebalance, so here such a rejoin, not asked for by the
+        coordinator (the group settled at the member's epoch), gets a new reason: new
+        assignor metadata, the group epoch rises and the chosen worker assigns again.
+        Otherwise the reason stays (any other change of metadata moves the epoch
+        anyway)."""
         if known is None or known.metadata is None:
             return 0
         reason = max((a.reason for a in known.metadata.client_assignors), default=0)
         current = known.current
-        asked_nothing = (
+        settled = (
             bridged is not None
             and group.epoch == group.assignment_epoch == current.epoch == bridged.told_epoch
-            and current.state is MemberState.STABLE
-            and current.assigned == _units_of(bridged.told))
-        return reason % MAX_REASON + 1 if asked_nothing else reason
+            and current.state is MemberState.STABLE)
+        if settled and cls._delay_left(group, known.member_id, now_ms) == 1:
+            return reason % MAX_REASON + 1
+        return reason
 
     @staticmethod
     def _own_session(result: Result[Any], group_id: str, member_id: str, timeout_ms: int,
