@@ -166,6 +166,7 @@ def bounce(workers: list[Worker], index: int, settle_s: float, timeout_s: float)
 def run_side(root: Path, side: str, broker_bootstrap: str, bounces: int, which: str,
              overrides: dict[str, object], settle_s: float, timeout_s: float) -> list[Bounce]:
     started: list[Any] = []
+    workers: list[Worker] = []
     coordinator: Coordinator | None = None
     try:
         if side == "direct":
@@ -206,7 +207,10 @@ def run_side(root: Path, side: str, broker_bootstrap: str, bounces: int, which: 
                   f"{result.started} started {' '.join(sorted(result.moved))}", flush=True)
         return results
     finally:
-        stop_together([process.process for process in started if isinstance(process, Worker)])
+        # The workers as they are now (restarted ones included) and every one started.
+        running = {id(worker.process): worker.process for worker in
+                   [*workers, *(p for p in started if isinstance(p, Worker))]}
+        stop_together(list(running.values()))
         for process in reversed(started):
             try:
                 process.stop()
