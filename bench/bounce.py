@@ -9,12 +9,14 @@ workers running a VerifiableSource (6 tasks) and a VerifiableSink (2 tasks):
 - connect: through the coordinator, the group on its connect engine
            (group.connect.classic.group.type=connect: the real workers are bridged).
 
-Each bounce stops one worker cleanly (SIGTERM; the workers in rotation) and starts it again
-at once. It measures the time from the SIGTERM until every connector and task is RUNNING
-again (Connect's REST status, polled on a worker that was not bounced), and, from the logs
-of the two workers that were not bounced, how many task runs stopped and started there
-between the SIGTERM and a few seconds after that moment. Prints each bounce, the medians
-side by side and the ratio of the connect side's time to the direct side's.
+Each bounce stops one worker cleanly (SIGTERM; by default one that is not Connect's
+leader, whose memory of the last assignment is what holds a departed worker's tasks back)
+and starts it again at once. It measures the time from the SIGTERM until every connector
+and task is RUNNING again (Connect's REST status, polled on a worker that was not
+bounced), and, from the logs of the two workers that were not bounced, how many task runs
+stopped and started there between the SIGTERM and a few seconds after that moment.
+Prints each bounce, the medians side by side and the ratio of the connect side's time to
+the direct side's.
 
 The workers are configured as Apache Kafka's own Connect system tests configure theirs
 (scheduled.rebalance.max.delay.ms=60000, session.timeout.ms=10000,
