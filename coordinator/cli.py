@@ -21,7 +21,7 @@ commands:
   serve      run the coordinator (KRPC listener, admin HTTP API, durable log)
   describe   show groups, their epochs and members' assignments
   bench      benchmarks: codec | core | heartbeats | classic | assignor | install | log |
-             replay | hostile | proxy
+             replay | hostile | proxy | bounce
   log        log tools: check | dump | compact | snapshot
   simulate   fake Connect workers under chaos, checked for units run twice
   metrics    record /metrics scrapes (or a Prometheus range) as Parquet
@@ -114,6 +114,7 @@ BENCHES: dict[str, str] = {
     "install": "bench.install",
     "hostile": "bench.hostile",
     "proxy": "bench.proxy",
+    "bounce": "bench.bounce",
 }
 
 

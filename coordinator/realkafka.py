@@ -27,6 +27,7 @@ import urllib.request
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -539,3 +540,84 @@ def run_tool(main_class: str, folder: Path, *args: str, timeout_s: float = 180.0
     command, _ = java_command(main_class, TOOL_HEAP, folder, *args, log_level="WARN")
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout_s,
                           check=False)
+
+
+# -- what the workers' logs say ------------------------------------------------------------
+
+LOG_LINE = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})\] \w+ (.*)$")
+TASK_STARTED = re.compile(r"^Creating task ([\w.-]+-\d+)$")
+# A run ends with the last of these: the worker stops the task, the stop completes, the
+# task's producer (source) or consumer (sink) is closed.
+TASK_STOPPING = (
+    re.compile(r"^Stopping task ([\w.-]+-\d+)$"),
+    re.compile(r"^Graceful stop of task ([\w.-]+-\d+) (?:succeeded|failed)"),
+    re.compile(r"^App info kafka\.(?:producer|consumer) for "
+               r"connector-(?:producer|consumer)-([\w.-]+-\d+) unregistered$"),
+)
+
+TaskRuns = dict[str, list[tuple[float, float]]]
+
+
+def log_time(stamp: str) -> float:
+    """A log line's time stamp (the machine's local time) as epoch seconds."""
+    return datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").timestamp()
+
+
+def task_intervals(log_text: str, kills: list[float], now: float) -> TaskRuns:
+    """(start, end) of every run of each task in one worker's log, over its restarts: from
+    "Creating task" to the last line that says it stopped (the stop, its completion, its
+    client closed) before it starts again; a run still open when the process was SIGKILLed
+    ends at the kill, one still open at the end of the log ends `now`."""
+    runs: dict[str, list[list[float]]] = {}
+    running: dict[str, list[float]] = {}  # started, not stopping yet
+    stopping: dict[str, list[float]] = {}  # the last run, while more stop lines may come
+    pending_kills = sorted(kills)
+
+    def close_killed_before(moment: float) -> None:
+        while pending_kills and pending_kills[0] <= moment:
+            killed_at = pending_kills.pop(0)
+            for task, run in list(running.items()):
+                run[1] = killed_at
+                del running[task]
+            stopping.clear()
+
+    for line in log_text.splitlines():
+        match = LOG_LINE.match(line)
+        if match is None:
+            continue
+        moment, message = log_time(match.group(1)), match.group(2)
+        close_killed_before(moment)
+        message = message.rsplit(" (", 1)[0]  # the logger name
+        if started := TASK_STARTED.match(message):
+            task = started.group(1)
+            if task not in running:
+                run = [moment, now]
+                runs.setdefault(task, []).append(run)
+                running[task] = run
+                stopping.pop(task, None)
+            continue
+        for pattern in TASK_STOPPING:
+            if stopped := pattern.match(message):
+                task = stopped.group(1)
+                run_or_none = running.pop(task, None) or stopping.get(task)
+                if run_or_none is not None:
+                    run_or_none[1] = moment
+                    stopping[task] = run_or_none
+                break
+    close_killed_before(now)
+    return {task: [(start, end) for start, end in task_runs] for task, task_runs in runs.items()}
+
+
+def overlapping_runs(by_worker: dict[str, TaskRuns]) -> list[str]:
+    """Every pair of runs of one task on two workers whose times overlap."""
+    found = []
+    workers = sorted(by_worker)
+    for index, first in enumerate(workers):
+        for second in workers[index + 1:]:
+            for task, runs in by_worker[first].items():
+                for start, end in runs:
+                    for other_start, other_end in by_worker[second].get(task, []):
+                        if start < other_end and other_start < end:
+                            found.append(f"{task}: {first} [{start:.3f}, {end:.3f}] and "
+                                         f"{second} [{other_start:.3f}, {other_end:.3f}]")
+    return found

@@ -465,7 +465,7 @@ async def _serve_parent(setup: dict[str, Any]) -> None:
                     reply["result"] = getattr(host, op)()
                 elif op in ("pause", "drop"):
                     reply["result"] = getattr(host, op)(**args)
-                elif op in ("start", "kill", "restart", "switch", "close"):
+                elif op in ("start", "stop", "kill", "restart", "switch", "close"):
                     reply["result"] = await getattr(host, op)(**args)
                 else:
                     reply["error"] = f"unknown operation {op!r}"

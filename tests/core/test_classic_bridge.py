@@ -208,3 +208,90 @@ def test_a_bridged_member_keeps_the_session_it_asked_for() -> None:
     assert patient.member_id in members
     ctx.advance(5_000)
     assert patient.member_id not in ctx.core.store.groups["g"].members
+
+
+def test_the_leaders_delay_reaches_its_workers_and_their_rejoin_after_it_reassigns() -> None:
+    """Connect's leader holds units back (a departed worker may return) by telling every
+    worker a `delay`; each worker then rejoins when it is up, which must run the leader's
+    assignor again so that the held-back units are handed out."""
+    ctx = ClassicContext(classic_group_type="connect", assignment_interval_ms=0)
+    worker = ClassicWorker(ctx, "w1")  # alone: the leader, the units its assignments name
+    member = worker.member_id = ctx.new_member(
+        protocols=(("sessioned", worker.metadata()),), client_id="w1")
+    deadline = ctx.now + 5_000
+
+    def lead() -> dict[str, bytes]:
+        """The leader's assignor: A-1 is held back until the deadline."""
+        wanted = units_of({"A": 1}) if ctx.now < deadline else units_of({"A": 2})
+        return {member: encode_assignment(ConnectAssignment(
+            2, leader=member, assigned=wanted - worker.held,
+            delay_ms=max(deadline - ctx.now, 0)))}
+
+    def join_and_sync(answer: Any, *, leads: bool = False) -> ConnectAssignment:
+        assert isinstance(answer, JoinAnswer) and answer.error == E.NONE, answer
+        leader = answer.leader == member and bool(answer.members)
+        assert leader or not leads, f"not asked to assign: {answer}"
+        worker.generation = answer.generation
+        synced = ctx.sync(member, answer.generation, assignments=lead() if leader else {})
+        assert isinstance(synced, SyncAnswer) and synced.error == E.NONE, synced
+        told = decode_assignment(synced.assignment)
+        worker.held = (worker.held - told.revoked) | told.assigned
+        return told
+
+    told = join_and_sync(ctx.take("join", member), leads=True)
+    assert told.assigned == units_of({"A": 1})
+    assert told.delay_ms == 5_000  # the worker schedules its rejoin
+    # It settles (its new units are new metadata: one more round), still told to wait.
+    while ctx.heartbeat(member, worker.generation) != E.NONE:
+        told = join_and_sync(ctx.join(member, protocols=(("sessioned", worker.metadata()),),
+                                      client_id="w1"))
+        assert told.delay_ms == 5_000
+    ctx.advance(5_000)
+    assert ctx.heartbeat(member, worker.generation) == E.NONE  # nothing new for the group
+    # The delay is over: the worker rejoins with what it holds, nothing else changed, and
+    # is asked to assign again.
+    told = join_and_sync(ctx.join(member, protocols=(("sessioned", worker.metadata()),),
+                                  client_id="w1"), leads=True)
+    assert told.assigned == units_of({"A": 2}) - units_of({"A": 1}) and told.delay_ms == 0
+    while ctx.heartbeat(member, worker.generation) != E.NONE:  # settles, no more delays
+        assert join_and_sync(ctx.join(
+            member, protocols=(("sessioned", worker.metadata()),), client_id="w1")) \
+            .assigned == frozenset()
+    assert worker.held == units_of({"A": 2})
+
+
+def test_workers_of_an_empty_config_topic_are_told_its_offset_minus_one() -> None:
+    """Connect reports -1 as the config offset of an empty config topic; told 0, a worker
+    cannot read up to it and forces a rebalance, again and again."""
+    ctx = ClassicContext(classic_group_type="connect", assignment_interval_ms=0)
+    metadata = encode_worker_metadata(WorkerMetadata(2, "http://w", -1))
+    member = ctx.new_member(protocols=(("sessioned", metadata),), client_id="w")
+    joined = ctx.take("join", member)
+    assert isinstance(joined, JoinAnswer) and joined.leader == member
+    empty = ConnectAssignment(2, leader=member, config_offset=-1)
+    synced = ctx.sync(member, joined.generation, assignments={member: encode_assignment(empty)})
+    assert isinstance(synced, SyncAnswer) and synced.error == E.NONE
+    assert decode_assignment(synced.assignment).config_offset == -1
+
+
+def test_a_rejoin_whose_allocation_differs_only_in_what_it_was_told_moves_nothing() -> None:
+    """Connect's metadata carries its whole last assignment as its allocation (leader,
+    offset, revoked units, delay): only the units it runs are what it owns. A rejoin that
+    differs in the rest is no new metadata, or every told delay would start a round."""
+    ctx = ClassicContext(classic_group_type="connect", assignment_interval_ms=0)
+    runs = units_of({"A": 1})
+
+    def metadata(delay_ms: int, leader: str) -> bytes:
+        return encode_worker_metadata(WorkerMetadata(2, "http://w", 3, ConnectAssignment(
+            2, leader=leader, config_offset=3, assigned=runs, delay_ms=delay_ms)))
+
+    member = ctx.new_member(protocols=(("sessioned", metadata(0, "")),), client_id="w")
+    joined = ctx.take("join", member)
+    assert isinstance(joined, JoinAnswer)
+    ctx.sync(member, joined.generation, assignments={member: encode_assignment(
+        ConnectAssignment(2, leader=member, config_offset=3))})
+    epoch = ctx.core.store.groups["g"].epoch
+    again = ctx.join(member, protocols=(("sessioned", metadata(57_000, member)),),
+                     client_id="w")
+    assert isinstance(again, JoinAnswer) and again.error == E.NONE
+    assert ctx.core.store.groups["g"].epoch == epoch

@@ -14,7 +14,6 @@ numbers have no gaps (at the source and at the sink), and the workers' logs show
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -30,14 +29,21 @@ from coordinator.realkafka import (
     Broker,
     Coordinator,
     Worker,
-    all_running,
+    overlapping_runs,
     restart_worker,
     run_tool,
     start_coordinator,
     start_workers,
     stop_together,
-    verifiable_lines,
+    task_intervals,
     wait_for,
+)
+from tests.interop.checks import (
+    assert_no_gaps,
+    assert_no_task_on_two_workers,
+    seqnos,
+    wait_all_running_and_agreed,
+    worker_id,
 )
 from tests.interop.test_proxy import _metric
 
@@ -45,7 +51,6 @@ GROUP = "owned-connect"
 SOURCE_TASKS = 6
 SINK_TASKS = 2
 TOPIC = "owned-verifiable"
-MARKS = ("committed", "flushed")
 
 
 @dataclass
@@ -86,170 +91,18 @@ def cluster(kafka_broker: Broker, tmp_path_factory: pytest.TempPathFactory
 # -- checks ---------------------------------------------------------------------------------
 
 
-def _worker_id(url: str) -> str:
-    """Connect's worker id (host:port) from its REST url."""
-    return url.removeprefix("http://").removeprefix("https://").rstrip("/")
-
-
-def _agreed_assignment(cluster: Cluster) -> dict[str, Any] | None:
-    """Both views once every task runs and they agree: the coordinator's (who holds
-    what, from the admin API) and Connect's (GET /connectors/NAME/status)."""
-    statuses = {}
-    for name, tasks in (("source", SOURCE_TASKS), ("sink", SINK_TASKS)):
-        status = all_running(cluster.workers[0], name, tasks)
-        if status is None:
-            return None
-        statuses[name] = status
-    view = cluster.coordinator.admin(f"/groups/{GROUP}")
-    if view["state"] != "Stable" or len(view["members"]) != 3:
-        return None
-    held: dict[tuple[str, int], str] = {}
-    for member in view["members"]:
-        for task in member["holds"]["tasks"]:
-            held[(task["connector"], task["task"])] = _worker_id(member["worker_url"])
-    running = {(name, task["id"]): task["worker_id"]
-               for name, status in statuses.items() for task in status["tasks"]}
-    if held != running:
-        return None
-    return {"view": view, "running": running}
-
-
 def _wait_all_running_and_agreed(cluster: Cluster, timeout_s: float = 150) -> dict[str, Any]:
-    agreed: dict[str, Any] = wait_for(lambda: _agreed_assignment(cluster), timeout_s,
-                                      "every task RUNNING, the coordinator's view and "
-                                      "Connect's status agreeing", interval_s=1.0)
-    return agreed
-
-
-def _seqnos(workers: list[Worker], name: str, mark: str | None = None
-            ) -> dict[int, list[int]]:
-    """Sequence numbers per task from the Verifiable connectors' stdout lines: a source
-    prints one when it produces a record and one marked `committed` once its offset is
-    committed; a sink one when it receives a record and one marked `flushed`."""
-    by_task: dict[int, list[int]] = {}
-    for worker in workers:
-        for line in verifiable_lines(worker):
-            if line.get("name") != name:
-                continue
-            if mark is None and not any(key in line for key in MARKS) or \
-                    mark is not None and line.get(mark):
-                by_task.setdefault(int(line["task"]), []).append(int(line["seqno"]))
-    return by_task
+    return wait_all_running_and_agreed(cluster.coordinator, cluster.workers, GROUP,
+                                       {"source": SOURCE_TASKS, "sink": SINK_TASKS},
+                                       timeout_s)
 
 
 def _assert_no_gaps(cluster: Cluster, *, duplicates_allowed: bool) -> None:
-    """Each source task's sequence numbers run from 0 with no gap; every record whose
-    offset the source committed reaches the sink, which receives none out of nowhere."""
-    produced = _seqnos(cluster.workers, "source")
-    assert set(produced) == set(range(SOURCE_TASKS)), sorted(produced)
-    for task, numbers in produced.items():
-        distinct = sorted(set(numbers))
-        assert distinct == list(range(len(distinct))), f"source task {task} has gaps"
-        if not duplicates_allowed:
-            assert len(numbers) == len(distinct), f"source task {task} produced duplicates"
-    committed = {task: set(numbers)
-                 for task, numbers in _seqnos(cluster.workers, "source", "committed").items()}
-    assert set(committed) == set(range(SOURCE_TASKS)), sorted(committed)
-
-    def caught_up() -> dict[int, list[int]] | None:
-        sunk = _seqnos(cluster.workers, "sink")
-        if all(numbers <= set(sunk.get(task, ())) for task, numbers in committed.items()):
-            return sunk
-        return None
-
-    sunk = wait_for(caught_up, 90, "the sink to receive every committed source record",
-                    interval_s=1.0)
-    for task, numbers in sunk.items():
-        distinct = sorted(set(numbers))
-        assert distinct == list(range(len(distinct))), f"the sink lost records of task {task}"
-
-
-LOG_LINE = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})\] \w+ (.*)$")
-TASK_STARTED = re.compile(r"^Creating task ([\w.-]+-\d+)$")
-# A run ends with the last of these: the worker stops the task, the stop completes, the
-# task's producer (source) or consumer (sink) is closed.
-TASK_STOPPING = (
-    re.compile(r"^Stopping task ([\w.-]+-\d+)$"),
-    re.compile(r"^Graceful stop of task ([\w.-]+-\d+) (?:succeeded|failed)"),
-    re.compile(r"^App info kafka\.(?:producer|consumer) for "
-               r"connector-(?:producer|consumer)-([\w.-]+-\d+) unregistered$"),
-)
-
-
-def _log_time(stamp: str) -> float:
-    return datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").timestamp()
-
-
-def task_intervals(log_text: str, kills: list[float], now: float
-                   ) -> dict[str, list[tuple[float, float]]]:
-    """(start, end) of every run of each task in one worker's log, over its restarts: from
-    "Creating task" to the last line that says it stopped (the stop, its completion, its
-    client closed) before it starts again; a run still open when the process was SIGKILLed
-    ends at the kill, one still open at the end of the log ends `now`."""
-    runs: dict[str, list[list[float]]] = {}
-    running: dict[str, list[float]] = {}  # started, not stopping yet
-    stopping: dict[str, list[float]] = {}  # the last run, while more stop lines may come
-    pending_kills = sorted(kills)
-
-    def close_killed_before(moment: float) -> None:
-        while pending_kills and pending_kills[0] <= moment:
-            killed_at = pending_kills.pop(0)
-            for task, run in list(running.items()):
-                run[1] = killed_at
-                del running[task]
-            stopping.clear()
-
-    for line in log_text.splitlines():
-        match = LOG_LINE.match(line)
-        if match is None:
-            continue
-        moment, message = _log_time(match.group(1)), match.group(2)
-        close_killed_before(moment)
-        message = message.rsplit(" (", 1)[0]  # the logger name
-        if started := TASK_STARTED.match(message):
-            task = started.group(1)
-            if task not in running:
-                run = [moment, now]
-                runs.setdefault(task, []).append(run)
-                running[task] = run
-                stopping.pop(task, None)
-            continue
-        for pattern in TASK_STOPPING:
-            if stopped := pattern.match(message):
-                task = stopped.group(1)
-                run_or_none = running.pop(task, None) or stopping.get(task)
-                if run_or_none is not None:
-                    run_or_none[1] = moment
-                    stopping[task] = run_or_none
-                break
-    close_killed_before(now)
-    return {task: [(start, end) for start, end in task_runs] for task, task_runs in runs.items()}
-
-
-def overlapping_runs(by_worker: dict[str, dict[str, list[tuple[float, float]]]]
-                     ) -> list[str]:
-    """Every pair of runs of one task on two workers whose times overlap."""
-    found = []
-    workers = sorted(by_worker)
-    for index, first in enumerate(workers):
-        for second in workers[index + 1:]:
-            for task, runs in by_worker[first].items():
-                for start, end in runs:
-                    for other_start, other_end in by_worker[second].get(task, []):
-                        if start < other_end and other_start < end:
-                            found.append(f"{task}: {first} [{start:.3f}, {end:.3f}] and "
-                                         f"{second} [{other_start:.3f}, {other_end:.3f}]")
-    return found
+    assert_no_gaps(cluster.workers, SOURCE_TASKS, duplicates_allowed=duplicates_allowed)
 
 
 def _assert_no_task_on_two_workers(cluster: Cluster) -> None:
-    now = time.time()
-    by_worker = {str(worker.process.log_path): task_intervals(
-        worker.process.log_text(), cluster.kills.get(worker.process.log_path, []), now)
-        for worker in cluster.workers}
-    for runs in by_worker.values():
-        assert runs, "no task start found in a worker's log: the log format changed?"
-    assert overlapping_runs(by_worker) == []
+    assert_no_task_on_two_workers(cluster.workers, cluster.kills)
 
 
 def _bounce(cluster: Cluster, index: int, *, kill: bool) -> None:
@@ -281,7 +134,7 @@ def test_three_real_workers_form_one_group_owned_by_the_coordinator(
     agreed = _wait_all_running_and_agreed(cluster)
     view = agreed["view"]
     assert view["type"] == "classic" and view["protocol"] == "sessioned"
-    assert {_worker_id(m["worker_url"]) for m in view["members"]} == \
+    assert {worker_id(m["worker_url"]) for m in view["members"]} == \
         {f"{w.host}:{w.rest_port}" for w in workers}
     assert len(set(agreed["running"].values())) == 3  # the tasks spread over the three
     # The group's requests were answered by the coordinator, none went upstream.
@@ -322,7 +175,7 @@ def test_bounced_workers_clean_and_killed(cluster: Cluster) -> None:
 def test_coordinator_sigkilled_and_restarted_on_its_data_dir(cluster: Cluster) -> None:
     before = cluster.coordinator.admin(f"/groups/{GROUP}")
     produced_before = {task: max(numbers)
-                       for task, numbers in _seqnos(cluster.workers, "source").items()}
+                       for task, numbers in seqnos(cluster.workers, "source").items()}
     old = cluster.coordinator
     old.process.kill()
     time.sleep(2)
@@ -342,7 +195,7 @@ def test_coordinator_sigkilled_and_restarted_on_its_data_dir(cluster: Cluster) -
                              api="Heartbeat") >= 3, 30, "heartbeats to the new coordinator")
 
     def produced_more() -> bool:
-        now = _seqnos(cluster.workers, "source")
+        now = seqnos(cluster.workers, "source")
         return all(max(now[task]) > seqno for task, seqno in produced_before.items())
 
     wait_for(produced_more, 60, "every source task to produce more", interval_s=1.0)

@@ -78,6 +78,7 @@ if TYPE_CHECKING:
 
 INCREMENTAL_COOPERATIVE = "incremental-cooperative"
 EAGER = "eager"
+MAX_REASON = 127  # the reason is an int8; 0 is "nothing asked"
 NO_UNITS: frozenset[Unit] = frozenset()
 
 # The connect engine's errors told in classic terms.
@@ -107,22 +108,43 @@ def _merge(results: list[Result[Any]], response: Any) -> Result[Any]:
     return merged
 
 
-def _client_assignors(protocols: tuple[tuple[str, bytes], ...]) -> tuple[ClientAssignor, ...]:
-    """A classic member's protocols as the client assignors it counts as listing."""
+def _client_assignors(protocols: tuple[tuple[str, bytes], ...], reason: int = 0
+                      ) -> tuple[ClientAssignor, ...]:
+    """A classic member's protocols as the client assignors it counts as listing; `reason`
+    stands for its rebalance requests (see `ClassicBridge._reason`)."""
     versions = [PROTOCOL_VERSIONS[name] for name, _ in protocols if name in PROTOCOL_VERSIONS]
-    metadata = {PROTOCOL_VERSIONS[name]: data for name, data in protocols
+    metadata = {PROTOCOL_VERSIONS[name]: _owned_part(data) for name, data in protocols
                 if name in PROTOCOL_VERSIONS}
     assignors = []
     cooperative = sorted(v for v in versions if v >= 1)
     if cooperative:
         top = cooperative[-1]
         assignors.append(ClientAssignor(name=INCREMENTAL_COOPERATIVE, minimum_version=1,
-                                        maximum_version=top, reason=0, version=top,
+                                        maximum_version=top, reason=reason, version=top,
                                         metadata=metadata[top]))
     if EAGER_VERSION in versions:
         assignors.append(ClientAssignor(name=EAGER, minimum_version=0, maximum_version=0,
-                                        reason=0, version=0, metadata=metadata[EAGER_VERSION]))
+                                        reason=reason, version=0,
+                                        metadata=metadata[EAGER_VERSION]))
     return tuple(assignors)
+
+
+def _owned_part(data: bytes) -> bytes:
+    """Connect metadata with its allocation cut down to the units the worker runs. Connect
+    sends its whole last assignment as its allocation (leader, offset, revoked units,
+    delay); the rest is what it was told, not what it owns, and must not count as new
+    metadata (each told delay would start another round). Bytes that do not decode are
+    kept as they are."""
+    try:
+        decoded = decode_worker_metadata(data)
+    except ConnectProtocolError:
+        return data
+    if decoded.version < 1 or decoded.allocation is None:
+        return data
+    owned = ConnectAssignment(decoded.allocation.version,
+                              assigned=decoded.allocation.assigned)
+    return encode_worker_metadata(WorkerMetadata(decoded.version, decoded.url,
+                                                 decoded.config_offset, owned))
 
 
 def _units_bytes(units: frozenset[Unit]) -> bytes:
@@ -182,6 +204,7 @@ class ClassicBridge:
                 return Result(JoinAnswer(ErrorCode.MEMBER_ID_REQUIRED, member_id))
         group = self.core.store.groups.get(request.group_id)
         known = group.members.get(member_id) if group is not None else None
+        previous = self.store.bridged.get((request.group_id, member_id))
         allocation = metadata.allocation.assigned \
             if metadata.allocation is not None and metadata.version >= 1 else NO_UNITS
         results: list[Result[Any]] = []
@@ -190,7 +213,8 @@ class ClassicBridge:
             member_epoch=known.current.epoch if known is not None else 0,
             instance_id=request.instance_id, worker_url=metadata.url or "unknown",
             rebalance_timeout_ms=request.rebalance_timeout_ms,
-            client_assignors=_client_assignors(request.protocols),
+            client_assignors=_client_assignors(
+                request.protocols, self._reason(group, known, previous, now_ms)),
             owned_connectors_and_tasks=units_to_wire(allocation) if known is not None
             else None)
         result = self.core.heartbeat(heartbeat, now_ms)
@@ -200,7 +224,6 @@ class ClassicBridge:
             return _merge(results, JoinAnswer(_JOIN_ERRORS.get(code, code), member_id))
         epoch = int(result.response.member_epoch)
         protocol = self._protocol_name(request.group_id, request.protocols)
-        previous = self.store.bridged.get((request.group_id, member_id))
         bridged = ClassicBridgeMemberValue(
             protocol_name=protocol, session_timeout_ms=request.session_timeout_ms,
             config_offset=metadata.config_offset, allocation=_units_bytes(allocation),
@@ -228,6 +251,28 @@ class ClassicBridge:
                                 for m in prepared.response.members)
         return _merge(results, JoinAnswer(ErrorCode.NONE, member_id, epoch, PROTOCOL_TYPE,
                                           protocol, leader, members))
+
+    @classmethod
+    def _reason(cls, group: Any, known: Any, bridged: ClassicBridgeMemberValue | None,
+                now_ms: int) -> int:
+        """The reason its client assignors carry. A worker told a `delay` rejoins when it
+        is over, for its leader to hand out the units it held back: a broker takes that
+        JoinGroup as a new rebalance, so here such a rejoin, not asked for by the
+        coordinator (the group settled at the member's epoch), gets a new reason: new
+        assignor metadata, the group epoch rises and the chosen worker assigns again.
+        Otherwise the reason stays (any other change of metadata moves the epoch
+        anyway)."""
+        if known is None or known.metadata is None:
+            return 0
+        reason = max((a.reason for a in known.metadata.client_assignors), default=0)
+        current = known.current
+        settled = (
+            bridged is not None
+            and group.epoch == group.assignment_epoch == current.epoch == bridged.told_epoch
+            and current.state is MemberState.STABLE)
+        if settled and cls._delay_left(group, known.member_id, now_ms) == 1:
+            return reason % MAX_REASON + 1
+        return reason
 
     @staticmethod
     def _own_session(result: Result[Any], group_id: str, member_id: str, timeout_ms: int,
@@ -309,16 +354,36 @@ class ClassicBridge:
             told = ConnectAssignment(EAGER_VERSION, 0, leader, leader_url, offset, now_holds)
         else:
             told = ConnectAssignment(version, 0, leader, leader_url, offset,
-                                     now_holds - allocation, allocation - now_holds)
+                                     now_holds - allocation, allocation - now_holds,
+                                     self._delay_left(group, request.member_id, now_ms))
+        # The generation the worker goes on with: its JoinGroup's, even when the sync
+        # moved its epoch on (then its next heartbeat has it rejoin).
         value = ClassicBridgeMemberValue(
             protocol_name=bridged.protocol_name, session_timeout_ms=bridged.session_timeout_ms,
             config_offset=bridged.config_offset, allocation=bridged.allocation,
-            told_epoch=member.current.epoch, told=_units_bytes(now_holds))
+            told_epoch=request.generation, told=_units_bytes(now_holds))
         record = bridge_record(request.group_id, request.member_id, value)
         results.append(Result(None, [record], undo=[self.store.current_record(record.key)]))
         self.store.replay(record)
         return _merge(results, SyncAnswer(ErrorCode.NONE, PROTOCOL_TYPE, bridged.protocol_name,
                                           encode_assignment(told)))
+
+    @staticmethod
+    def _delay_left(group: Any, member_id: str, now_ms: int) -> int:
+        """What is left of the `delay` the assigning worker gave this member in the last
+        assignment (ms; at least 1 once over, so that the worker still rejoins): when it
+        is over, the worker rejoins and its leader hands out the units it held back."""
+        part = group.target.get(member_id)
+        if part is None or not part.metadata:
+            return 0
+        try:
+            delay = decode_assignment(part.metadata).delay_ms
+        except ConnectProtocolError:
+            return 0
+        if delay <= 0:
+            return 0
+        installed_ms: int = group.last_assignment_ms
+        return max(installed_ms + delay - now_ms, 1)
 
     def _install(self, group: Any, request: SyncRequest, group_epoch: int,
                  now_ms: int) -> Result[str | None]:
@@ -369,13 +434,15 @@ class ClassicBridge:
             offsets[member_id] = (offset, member.metadata.worker_url)
             if best is None or (offset, member_id) > (best[0], best[1]):
                 best = (offset, member_id, member.metadata.worker_url)
-        highest = max((offset for offset, _ in offsets.values()), default=0)
+        # -1 is what Connect reports for an empty config topic: told 0, a worker would
+        # wait for an offset that does not exist and force a rebalance again and again.
+        highest = max((offset for offset, _ in offsets.values()), default=-1)
         chosen = group.chosen_member
         if chosen is not None and chosen in offsets:
-            return chosen, offsets[chosen][1], max(highest, 0)
+            return chosen, offsets[chosen][1], highest
         if best is None:
-            return "", "", 0
-        return best[1], best[2], max(highest, 0)
+            return "", "", -1
+        return best[1], best[2], highest
 
     # ------------------------------------------------------------------ Heartbeat
     def heartbeat(self, request: HeartbeatRequest, now_ms: int) -> Result[HeartbeatAnswer]:

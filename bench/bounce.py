@@ -1,0 +1,289 @@
+"""`bench bounce`: what one worker's bounce costs a group of three real Connect workers.
+
+Starts a KRaft broker from Apache Kafka's jars, then for each side in turn three Connect
+workers running a VerifiableSource (6 tasks) and a VerifiableSink (2 tasks):
+
+- direct:  the workers against the broker, their group on the broker's own classic group
+           coordinator;
+- classic: through the coordinator in proxy mode, the group a classic group on it;
+- connect: through the coordinator, the group on its connect engine
+           (group.connect.classic.group.type=connect: the real workers are bridged).
+
+Each bounce stops one worker cleanly (SIGTERM; by default one that is not Connect's
+leader, whose memory of the last assignment is what holds a departed worker's tasks back)
+and starts it again at once. It measures the time from the SIGTERM until every connector
+and task is RUNNING again (Connect's REST status, polled on a worker that was not
+bounced), and, from the logs of the two workers that were not bounced, how many task runs
+stopped and started there between the SIGTERM and a few seconds after that moment.
+Prints each bounce, the medians side by side and the ratio of the connect side's time to
+the direct side's.
+
+The workers are configured as Apache Kafka's own Connect system tests configure theirs
+(scheduled.rebalance.max.delay.ms=60000, session.timeout.ms=10000,
+offset.flush.interval.ms=5000) unless told otherwise. Needs a checkout (the jars' pom),
+java and mvn (see coordinator/realkafka.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from coordinator.realkafka import (
+    VERIFIABLE_SINK,
+    VERIFIABLE_SOURCE,
+    Coordinator,
+    InteropUnavailable,
+    Worker,
+    all_running,
+    connector_states,
+    ensure_jars,
+    require_java,
+    restart_worker,
+    start_broker,
+    start_coordinator,
+    start_workers,
+    stop_together,
+    task_intervals,
+    wait_answering,
+    wait_for,
+)
+
+SIDES = ("direct", "classic", "connect")
+TASKS = {"source": 6, "sink": 2}
+# Apache Kafka's Connect system tests (tests/kafkatest/.../connect): their template's
+# session timeout and flush interval, and the scheduled delay their distributed test sets.
+SYSTEM_TEST_WORKERS: dict[str, object] = {
+    "scheduled.rebalance.max.delay.ms": 60_000,
+    "session.timeout.ms": 10_000,
+    "offset.flush.interval.ms": 5_000,
+}
+
+
+@dataclass
+class Bounce:
+    leader: bool  # the worker bounced was Connect's leader
+    seconds: float  # SIGTERM to every connector and task RUNNING again
+    stopped: int  # task runs that ended on the workers not bounced
+    started: int  # task runs that began there
+    moved: list[str] = field(default_factory=list)
+
+
+def _every_task_running(worker: Worker) -> bool:
+    return all(all_running(worker, name, count) is not None for name, count in TASKS.items())
+
+
+def _some_task_not_running(worker: Worker) -> bool:
+    for name in TASKS:
+        status = connector_states(worker, name)
+        if status is None or status["connector"]["state"] != "RUNNING" or any(
+                task["state"] != "RUNNING" for task in status["tasks"]):
+            return True
+    return False
+
+
+def _runs_in(worker: Worker, since: float, until: float) -> tuple[int, int, list[str]]:
+    """(runs that ended, runs that began) in [since, until] in the worker's log."""
+    stopped = started = 0
+    moved = []
+    for task, runs in task_intervals(worker.process.log_text(), [], math.inf).items():
+        for start, end in runs:
+            if since <= start <= until:
+                started += 1
+                moved.append(f"+{task}")
+            if since <= end <= until:
+                stopped += 1
+                moved.append(f"-{task}")
+    return stopped, started, moved
+
+
+JOINED = re.compile(r"Joined group at generation \d+ .*got assignment: Assignment\{.*"
+                    r"leaderUrl='([^']*)'")
+
+
+def connect_leader(workers: list[Worker]) -> int | None:
+    """The index of the worker Connect's latest assignment names as leader (its logs)."""
+    latest: tuple[str, str] | None = None
+    for worker in workers:
+        for line in worker.process.log_text().splitlines():
+            match = JOINED.search(line)
+            if match is not None and (latest is None or line[:25] >= latest[0]):
+                latest = (line[:25], match.group(1))
+    if latest is None:
+        return None
+    for index, worker in enumerate(workers):
+        if latest[1].rstrip("/") == worker.url:
+            return index
+    return None
+
+
+def pick(workers: list[Worker], number: int, which: str) -> int:
+    """The worker to bounce: in rotation, or the leader, or the next worker that is not."""
+    if which == "rotation":
+        return number % len(workers)
+    leader = connect_leader(workers)
+    if leader is None:
+        raise RuntimeError("no leader named in the workers' logs")
+    if which == "leader":
+        return leader
+    followers = [index for index in range(len(workers)) if index != leader]
+    return followers[number % len(followers)]
+
+
+def bounce(workers: list[Worker], index: int, settle_s: float, timeout_s: float) -> Bounce:
+    others = [worker for position, worker in enumerate(workers) if position != index]
+    watcher = others[0]
+    began = time.time()
+    workers[index].stop()
+    workers[index] = restart_worker(workers[index], wait=False)
+    # The stopping worker marks its tasks UNASSIGNED as it shuts down; wait to see that
+    # (or at most a few seconds) so that the status read next is not the one from before.
+    try:
+        wait_for(lambda: _some_task_not_running(watcher), 5, "a task not RUNNING",
+                 interval_s=0.1)
+    except TimeoutError:
+        pass
+    wait_for(lambda: _every_task_running(watcher), timeout_s,
+             "every connector and task RUNNING after the bounce", interval_s=0.25)
+    seconds = time.time() - began
+    time.sleep(settle_s)  # stops and starts that follow the moment all ran count too
+    wait_answering(workers[index])
+    stopped = started = 0
+    moved: list[str] = []
+    for worker in others:
+        ended, begun, names = _runs_in(worker, began, time.time())
+        stopped, started = stopped + ended, started + begun
+        moved += names
+    return Bounce(False, seconds, stopped, started, moved)
+
+
+def run_side(root: Path, side: str, broker_bootstrap: str, bounces: int, which: str,
+             overrides: dict[str, object], settle_s: float, timeout_s: float) -> list[Bounce]:
+    started: list[Any] = []
+    workers: list[Worker] = []
+    coordinator: Coordinator | None = None
+    try:
+        if side == "direct":
+            bootstrap, group = broker_bootstrap, f"bench-bounce-{side}"
+        else:
+            extra = ["--set", "group.connect.classic.group.type=connect"] \
+                if side == "connect" else []
+            coordinator = start_coordinator(root / "coordinator", broker_bootstrap,
+                                            "owned-.*", extra=extra)
+            started.append(coordinator)
+            bootstrap, group = coordinator.bootstrap, f"owned-bench-bounce-{side}"
+        workers = start_workers(root, 3, bootstrap, group, started, overrides=overrides)
+        topic = f"bench-bounce-{side}"
+        workers[0].rest("POST", "/connectors", {"name": "source", "config": {
+            "connector.class": VERIFIABLE_SOURCE, "tasks.max": str(TASKS["source"]),
+            "topic": topic, "throughput": "20"}})
+        workers[0].rest("POST", "/connectors", {"name": "sink", "config": {
+            "connector.class": VERIFIABLE_SINK, "tasks.max": str(TASKS["sink"]),
+            "topics": topic}})
+        wait_for(lambda: _every_task_running(workers[0]), timeout_s,
+                 "every connector and task RUNNING", interval_s=0.5)
+        if coordinator is not None:
+            view = coordinator.admin(f"/groups/{group}")
+            if view["type"] != ("connect" if side == "connect" else "classic"):
+                raise RuntimeError(f"the group is a {view['type']} group on the coordinator")
+        time.sleep(settle_s)
+        results = []
+        for number in range(bounces):
+            index = pick(workers, number, which)
+            leader = connect_leader(workers)
+            result = bounce(workers, index, settle_s, timeout_s)
+            result.leader = index == leader
+            results.append(result)
+            role = "the leader" if result.leader else "a follower"
+            print(f"  {side:8} bounce {number + 1} ({role}): all RUNNING after "
+                  f"{result.seconds:5.1f} s; "
+                  f"on the other workers {result.stopped} task runs stopped, "
+                  f"{result.started} started {' '.join(sorted(result.moved))}", flush=True)
+        return results
+    finally:
+        # The workers as they are now (restarted ones included) and every one started.
+        running = {id(worker.process): worker.process for worker in
+                   [*workers, *(p for p in started if isinstance(p, Worker))]}
+        stop_together(list(running.values()))
+        for process in reversed(started):
+            try:
+                process.stop()
+            except Exception:  # noqa: BLE001 - stop the others all the same
+                pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="connect-coordinator bench bounce",
+        description="What a worker bounce costs three real Connect workers: directly on "
+                    "the broker's group coordinator, through this coordinator with the "
+                    "group classic, and with the group on the connect engine.")
+    parser.add_argument("--bounces", type=int, default=3, help="bounces per side")
+    parser.add_argument("--sides", default=",".join(SIDES),
+                        help=f"comma-separated, of {', '.join(SIDES)}")
+    parser.add_argument("--scheduled-delay-ms", type=int,
+                        default=int(str(SYSTEM_TEST_WORKERS["scheduled.rebalance.max.delay.ms"])),
+                        help="the workers' scheduled.rebalance.max.delay.ms")
+    parser.add_argument("--bounce", choices=("follower", "leader", "rotation"),
+                        default="follower",
+                        help="which worker to bounce: one that is not Connect's leader "
+                             "(default), the leader (a new leader knows nothing of the "
+                             "delay: it hands the departed worker's tasks out at once), "
+                             "or each in turn")
+    parser.add_argument("--settle", type=float, default=5.0,
+                        help="seconds after all RUNNING in which stops and starts still count")
+    parser.add_argument("--timeout", type=float, default=180.0)
+    parser.add_argument("--work-dir", type=Path, default=None,
+                        help="keep the processes' folders (logs) here instead of a "
+                             "temporary folder")
+    args = parser.parse_args(argv)
+    sides = [side.strip() for side in args.sides.split(",") if side.strip()]
+    unknown = [side for side in sides if side not in SIDES]
+    if unknown or not sides or args.bounces < 1:
+        parser.error(f"sides are {', '.join(SIDES)}; bounces at least 1")
+    try:
+        require_java()
+        ensure_jars()
+    except InteropUnavailable as error:
+        print(f"bench bounce: {error}", file=sys.stderr)
+        return 2
+    overrides = dict(SYSTEM_TEST_WORKERS)
+    overrides["scheduled.rebalance.max.delay.ms"] = args.scheduled_delay_ms
+    print(f"3 workers, a VerifiableSource of {TASKS['source']} tasks and a VerifiableSink of "
+          f"{TASKS['sink']}; {args.bounces} clean bounces per side (the worker bounced: "
+          f"{args.bounce}); workers: "
+          + ", ".join(f"{key}={value}" for key, value in overrides.items()), flush=True)
+    results: dict[str, list[Bounce]] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-bounce-") as scratch:
+        root = args.work_dir.resolve() if args.work_dir is not None else Path(scratch)
+        broker = start_broker(root / "broker")
+        try:
+            for side in sides:
+                results[side] = run_side(root / side, side, broker.bootstrap, args.bounces,
+                                         args.bounce, overrides, args.settle, args.timeout)
+        finally:
+            broker.stop()
+    print("median       all RUNNING   stopped elsewhere   started elsewhere")
+    medians = {}
+    for side, bounces in results.items():
+        medians[side] = statistics.median(b.seconds for b in bounces)
+        print(f"  {side:9}  {medians[side]:9.1f} s  "
+              f"{statistics.median(b.stopped for b in bounces):18}  "
+              f"{statistics.median(b.started for b in bounces):18}")
+    if "direct" in medians:
+        for side in ("classic", "connect"):
+            if side in medians:
+                print(f"  {side}/direct all RUNNING: {medians[side] / medians['direct']:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,129 @@
+"""The checks the interop tests make on real Connect workers, whatever drives them: every
+source task's sequence numbers without gaps (at the source and at the sink), and no
+(connector, task) running on two workers at overlapping times, read from the workers'
+logs (and from the run records of any simulated workers in the same group)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from coordinator.realkafka import (
+    Coordinator,
+    TaskRuns,
+    Worker,
+    all_running,
+    overlapping_runs,
+    task_intervals,
+    verifiable_lines,
+    wait_for,
+)
+
+MARKS = ("committed", "flushed")
+
+
+def worker_id(url: str) -> str:
+    """Connect's worker id (host:port) from its REST url."""
+    return url.removeprefix("http://").removeprefix("https://").rstrip("/")
+
+
+def agreed_assignment(coordinator: Coordinator, workers: list[Worker], group: str,
+                      tasks: dict[str, int]) -> dict[str, Any] | None:
+    """Both views once every task runs and they agree: the coordinator's (who holds
+    what in the classic group, from the admin API) and Connect's (GET
+    /connectors/NAME/status); `tasks`: each connector's task count."""
+    statuses = {}
+    for name, count in tasks.items():
+        status = all_running(workers[0], name, count)
+        if status is None:
+            return None
+        statuses[name] = status
+    view = coordinator.admin(f"/groups/{group}")
+    if view["state"] != "Stable" or len(view["members"]) != len(workers) or \
+            any("holds" not in member for member in view["members"]):
+        return None
+    held: dict[tuple[str, int], str] = {}
+    for member in view["members"]:
+        for task in member["holds"]["tasks"]:
+            held[(task["connector"], task["task"])] = worker_id(member["worker_url"])
+    running = {(name, task["id"]): task["worker_id"]
+               for name, status in statuses.items() for task in status["tasks"]}
+    if held != running:
+        return None
+    return {"view": view, "running": running}
+
+
+def wait_all_running_and_agreed(coordinator: Coordinator, workers: list[Worker], group: str,
+                                tasks: dict[str, int], timeout_s: float = 150
+                                ) -> dict[str, Any]:
+    agreed: dict[str, Any] = wait_for(
+        lambda: agreed_assignment(coordinator, workers, group, tasks), timeout_s,
+        "every task RUNNING, the coordinator's view and Connect's status agreeing",
+        interval_s=1.0)
+    return agreed
+
+
+def seqnos(workers: list[Worker], name: str, mark: str | None = None
+           ) -> dict[int, list[int]]:
+    """Sequence numbers per task from the Verifiable connectors' stdout lines: a source
+    prints one when it produces a record and one marked `committed` once its offset is
+    committed; a sink one when it receives a record and one marked `flushed`."""
+    by_task: dict[int, list[int]] = {}
+    for worker in workers:
+        for line in verifiable_lines(worker):
+            if line.get("name") != name:
+                continue
+            if mark is None and not any(key in line for key in MARKS) or \
+                    mark is not None and line.get(mark):
+                by_task.setdefault(int(line["task"]), []).append(int(line["seqno"]))
+    return by_task
+
+
+def assert_no_gaps(workers: list[Worker], source_tasks: int, *, duplicates_allowed: bool,
+                   source: str = "source", sink: str = "sink") -> None:
+    """Each source task's sequence numbers run from 0 with no gap; every record whose
+    offset the source committed reaches the sink, which receives none out of nowhere."""
+    produced = seqnos(workers, source)
+    assert set(produced) == set(range(source_tasks)), sorted(produced)
+    for task, numbers in produced.items():
+        distinct = sorted(set(numbers))
+        assert distinct == list(range(len(distinct))), f"source task {task} has gaps"
+        if not duplicates_allowed:
+            assert len(numbers) == len(distinct), f"source task {task} produced duplicates"
+    committed = {task: set(numbers)
+                 for task, numbers in seqnos(workers, source, "committed").items()}
+    assert set(committed) == set(range(source_tasks)), sorted(committed)
+
+    def caught_up() -> dict[int, list[int]] | None:
+        sunk = seqnos(workers, sink)
+        if all(numbers <= set(sunk.get(task, ())) for task, numbers in committed.items()):
+            return sunk
+        return None
+
+    sunk = wait_for(caught_up, 90, "the sink to receive every committed source record",
+                    interval_s=1.0)
+    for task, numbers in sunk.items():
+        distinct = sorted(set(numbers))
+        assert distinct == list(range(len(distinct))), f"the sink lost records of task {task}"
+
+
+def assert_no_task_on_two_workers(workers: list[Worker], kills: dict[Path, list[float]],
+                                  others: dict[str, TaskRuns] | None = None) -> None:
+    """No task's runs on two workers overlap: the real workers' runs from their logs (a
+    run open when its process was SIGKILLed ends at the kill, `kills` by log file), and
+    `others`: runs of simulated workers by name, in epoch seconds."""
+    now = time.time()
+    by_worker: dict[str, TaskRuns] = {str(worker.process.log_path): task_intervals(
+        worker.process.log_text(), kills.get(worker.process.log_path, []), now)
+        for worker in workers}
+    for runs in by_worker.values():
+        assert runs, "no task start found in a worker's log: the log format changed?"
+    by_worker.update(others or {})
+    assert overlapping_runs(by_worker) == []
+
+
+def describe_runs(runs: TaskRuns) -> dict[str, Any]:
+    """Runs in a form for an assertion message."""
+    return {task: [(round(start, 3), round(end, 3)) for start, end in spans]
+            for task, spans in sorted(runs.items())}
