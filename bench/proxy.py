@@ -31,7 +31,10 @@ HEARTBEAT = 1000  # ConnectGroupHeartbeat
 
 
 def _producer_mb_per_s(stdout: str) -> float:
-    match = re.search(r"records sent, [\d.]+ records/sec \(([\d.]+) MB/sec\)", stdout)
+    """The whole run's MB/sec: the total line, the only one with percentiles (the progress
+    lines before it cover one reporting window each, the first one mostly start-up)."""
+    match = re.search(r"records sent, [\d.]+ records/sec \(([\d.]+) MB/sec\).* 50th",
+                      stdout)
     if match is None:
         raise RuntimeError(f"no summary in ProducerPerformance's output:\n{stdout}")
     return float(match.group(1))

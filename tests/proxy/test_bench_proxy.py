@@ -1,0 +1,38 @@
+"""`bench proxy` reads the perf tools' own summaries (figures are not judged here)."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.proxy import _consumer_mb_per_s, _producer_mb_per_s
+
+
+def _producer_output(windows: list[float], total: float) -> str:
+    """ProducerPerformance's stdout: a progress line per reporting window, then the total
+    (the only line with percentiles)."""
+    lines = [f"{20000 * (i + 1)} records sent, {rate * 1024:.1f} records/sec "
+             f"({rate:.2f} MB/sec), 120.0 ms avg latency, 900.0 ms max latency."
+             for i, rate in enumerate(windows)]
+    lines.append(f"200000 records sent, {total * 1024:.6f} records/sec ({total:.2f} MB/sec), "
+                 "95.00 ms avg latency, 900.00 ms max latency, 80 ms 50th, 300 ms 95th, "
+                 "600 ms 99th, 850 ms 99.9th.")
+    return "\n".join(lines) + "\n"
+
+
+def test_the_producer_figure_is_the_whole_runs_not_the_first_windows() -> None:
+    # The first window holds the start-up (metadata, topic creation): far below the total.
+    assert _producer_mb_per_s(_producer_output([1.5, 18.25, 19.0], 14.75)) == 14.75
+
+
+def test_a_producer_run_without_its_total_is_an_error() -> None:
+    output = _producer_output([3.0], 3.0).splitlines()[0]
+    with pytest.raises(RuntimeError, match="no summary"):
+        _producer_mb_per_s(output)
+
+
+def test_the_consumer_figure_is_fetch_mb_per_s() -> None:
+    output = ("start.time, end.time, data.consumed.in.MB, MB.sec, data.consumed.in.nMsg, "
+              "nMsg.sec, rebalance.time.ms, fetch.time.ms, fetch.MB.sec, fetch.nMsg.sec\n"
+              "2026-01-01 10:00:00:000, 2026-01-01 10:00:05:000, 195.3125, 39.0625, 200000, "
+              "40000.0, 3000, 2000, 97.6563, 100000.0\n")
+    assert _consumer_mb_per_s(output) == (97.6563, 200000)
