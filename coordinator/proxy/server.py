@@ -365,8 +365,14 @@ class ProxyServer:
                     log.warning("accept_failed", error=str(error))
                     await trio.sleep(0.1)
                     continue
+                try:
+                    connection = _Connection(self, stream, node)
+                except OSError as error:  # the client reset the connection already
+                    log.warning("accept_failed", error=str(error))
+                    await stream.aclose()
+                    continue
                 assert self._connection_nursery is not None
-                self._connection_nursery.start_soon(_Connection(self, stream, node).run)
+                self._connection_nursery.start_soon(connection.run)
         finally:
             listener.socket.close()
 

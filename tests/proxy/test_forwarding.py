@@ -21,6 +21,7 @@ from kio.static.primitive import i8, i32, i32Timedelta
 
 from coordinator.config import ServerConfig
 from coordinator.proxy import wire
+from coordinator.proxy.server import MAX_IN_FLIGHT
 from coordinator.server.app import ServerHandle, run_server
 from protocol._codec import INT32
 from protocol.framing import FrameBuffer
@@ -215,3 +216,27 @@ async def test_metadata_among_passthrough_answers_is_still_rewritten(
         request = passthrough_request(FETCH, 31, b"to node 1")
         await node_client.send_all(request)
         assert await read_answers(node_client, 1) == [scripted_answer(request, 64)]
+
+
+async def test_a_client_that_does_not_read_stops_the_forwarding_of_its_requests(
+        proxy: ServerHandle, upstream: ScriptedBroker) -> None:
+    """Backpressure: answers the client does not read stop its requests from going
+    upstream once the proxy's in-flight limit is reached; reading resumes them, in order."""
+    rng = random.Random(4)
+    count = MAX_IN_FLIGHT + 150
+    requests = [passthrough_request(FETCH, correlation, rng.randbytes(20))
+                for correlation in range(1, count + 1)]
+    upstream.answer_sizes = dict.fromkeys(range(1, count + 1), 200_000)
+    async with await trio.open_tcp_stream("127.0.0.1", proxy.kafka_port) as client:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(client.send_all, b"".join(requests))
+            # Until the number of forwarded requests stops growing (the answers fill the
+            # socket buffers long before the limit's worth of them is sent).
+            seen = -1
+            while seen != len(client_requests(upstream)):
+                seen = len(client_requests(upstream))
+                await trio.sleep(0.5)
+            assert seen <= MAX_IN_FLIGHT + 2
+            answers = await read_answers(client, count)
+    assert [correlation_of(answer) for answer in answers] == list(range(1, count + 1))
+    assert client_requests(upstream) == requests
