@@ -50,6 +50,14 @@ def _consumer_mb_per_s(stdout: str) -> tuple[float, int]:
             int(float(values[columns.index("data.consumed.in.nMsg")])))
 
 
+def cpu_seconds(metrics_text: str) -> float | None:
+    """The coordinator's `process_cpu_seconds_total` (None where the platform has none)."""
+    for line in metrics_text.splitlines():
+        if line.startswith("process_cpu_seconds_total "):
+            return float(line.split()[1])
+    return None
+
+
 def one_run(folder: Path, bootstrap: str, topic: str, records: int, record_size: int
             ) -> tuple[float, float]:
     produced = run_tool(
@@ -185,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench proxy: {error}", file=sys.stderr)
         return 2
     results: dict[str, list[tuple[float, float]]] = {"direct": [], "proxy": []}
+    proxy_cpu: list[float] = []  # the coordinator's CPU seconds per proxy run
     with tempfile.TemporaryDirectory(prefix="bench-proxy-") as scratch:
         root = Path(scratch)
         broker = start_broker(root / "broker")
@@ -207,13 +216,19 @@ def main(argv: list[str] | None = None) -> int:
                 for side, bootstrap in (sides.items() if run % 2 == 0
                                         else reversed(sides.items())):
                     started = time.monotonic()
+                    cpu_before = cpu_seconds(coordinator.metrics())
                     produce, fetch = one_run(root / f"{side}-{run}", bootstrap,
                                              f"bench-{side}-{run}", args.records,
                                              args.record_size)
+                    cpu_after = cpu_seconds(coordinator.metrics())
                     results[side].append((produce, fetch))
+                    cpu = ""
+                    if side == "proxy" and cpu_before is not None and cpu_after is not None:
+                        proxy_cpu.append(cpu_after - cpu_before)
+                        cpu = f"  proxy CPU {proxy_cpu[-1]:5.2f} s"
                     print(f"  run {run + 1} {side:6}: produce {produce:7.2f} MB/s  "
                           f"consume (fetch) {fetch:7.2f} MB/s  "
-                          f"({time.monotonic() - started:.0f} s)", flush=True)
+                          f"({time.monotonic() - started:.0f} s){cpu}", flush=True)
         finally:
             if coordinator is not None:
                 coordinator.stop()
@@ -221,11 +236,17 @@ def main(argv: list[str] | None = None) -> int:
     medians = {side: (statistics.median(r[0] for r in runs),
                       statistics.median(r[1] for r in runs))
                for side, runs in results.items()}
-    print("median        produce MB/s  consume MB/s")
+    print("median (min-max)   produce MB/s          consume MB/s")
     for side, (produce, fetch) in medians.items():
-        print(f"  {side:10}  {produce:12.2f}  {fetch:12.2f}")
-    print(f"  proxy/direct {medians['proxy'][0] / medians['direct'][0]:11.2f}  "
-          f"{medians['proxy'][1] / medians['direct'][1]:12.2f}")
+        runs = results[side]
+        print(f"  {side:10}  {produce:7.2f} ({min(r[0] for r in runs):.1f}-"
+              f"{max(r[0] for r in runs):.1f})  {fetch:10.2f} ({min(r[1] for r in runs):.1f}-"
+              f"{max(r[1] for r in runs):.1f})")
+    print(f"  proxy/direct {medians['proxy'][0] / medians['direct'][0]:7.2f}  "
+          f"{medians['proxy'][1] / medians['direct'][1]:21.2f}")
+    if proxy_cpu:
+        print(f"  proxy CPU per run (produce + consume): median {statistics.median(proxy_cpu):.2f}"
+              f" s ({min(proxy_cpu):.2f}-{max(proxy_cpu):.2f})")
     return 0
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.proxy import _consumer_mb_per_s, _producer_mb_per_s
+from bench.proxy import _consumer_mb_per_s, _producer_mb_per_s, cpu_seconds
 
 
 def _producer_output(windows: list[float], total: float) -> str:
@@ -36,3 +36,12 @@ def test_the_consumer_figure_is_fetch_mb_per_s() -> None:
               "2026-01-01 10:00:00:000, 2026-01-01 10:00:05:000, 195.3125, 39.0625, 200000, "
               "40000.0, 3000, 2000, 97.6563, 100000.0\n")
     assert _consumer_mb_per_s(output) == (97.6563, 200000)
+
+
+def test_the_proxys_cpu_is_read_from_its_metrics() -> None:
+    metrics = ("# HELP process_cpu_seconds_total Total user and system CPU time.\n"
+               "# TYPE process_cpu_seconds_total counter\n"
+               "process_cpu_seconds_total 12.5\n"
+               "process_cpu_seconds_created 1.7e9\n")
+    assert cpu_seconds(metrics) == 12.5
+    assert cpu_seconds("connect_coordinator_groups 3\n") is None
