@@ -185,68 +185,84 @@ def main(argv: list[str] | None = None) -> int:
                         help="also: heartbeat latency through the proxy while a consumer "
                              "fetches through it")
     parser.add_argument("--only-heartbeats", action="store_true")
+    parser.add_argument("--other-checkout", type=Path,
+                        help="also: a third side, the proxy from this checkout of the "
+                             "coordinator (an older version, say), for before/after figures "
+                             "against the same broker")
     args = parser.parse_args(argv)
+    if args.other_checkout is not None and not (args.other_checkout / "coordinator").is_dir():
+        print(f"bench proxy: {args.other_checkout} has no coordinator package",
+              file=sys.stderr)
+        return 2
     try:
         require_java()
         ensure_jars()
     except InteropUnavailable as error:
         print(f"bench proxy: {error}", file=sys.stderr)
         return 2
-    results: dict[str, list[tuple[float, float]]] = {"direct": [], "proxy": []}
-    proxy_cpu: list[float] = []  # the coordinator's CPU seconds per proxy run
+    results: dict[str, list[tuple[float, float]]] = {}
+    proxy_cpu: dict[str, list[float]] = {}  # a proxy's CPU seconds per run
     with tempfile.TemporaryDirectory(prefix="bench-proxy-") as scratch:
         root = Path(scratch)
         broker = start_broker(root / "broker")
-        coordinator: Coordinator | None = None
+        proxies: dict[str, Coordinator] = {}
         try:
-            coordinator = start_coordinator(root / "coordinator", broker.bootstrap,
-                                            "owned-.*")
+            coordinator = proxies["proxy"] = start_coordinator(
+                root / "coordinator", broker.bootstrap, "owned-.*")
+            if args.other_checkout is not None:
+                proxies["other"] = start_coordinator(
+                    root / "other", broker.bootstrap, "owned-.*",
+                    checkout=args.other_checkout.resolve())
             if args.heartbeats or args.only_heartbeats:
                 heartbeats_under_fetch(root, coordinator, broker.bootstrap, args.records)
                 if args.only_heartbeats:
                     return 0
-            sides = {"direct": broker.bootstrap, "proxy": coordinator.bootstrap}
+            sides = {"direct": broker.bootstrap,
+                     **{name: proxy.bootstrap for name, proxy in proxies.items()}}
+            results.update({side: [] for side in sides})
+            proxy_cpu.update({name: [] for name in proxies})
             print(f"{args.records} records of {args.record_size} B, acks=1, "
-                  f"{args.runs} runs per side, alternating, after a warm-up run of each",
-                  flush=True)
+                  f"{args.runs} runs per side, alternating, after a warm-up run of each"
+                  + (f"; other = the proxy from {args.other_checkout}"
+                     if args.other_checkout else ""), flush=True)
             for side, bootstrap in sides.items():  # topic creation, the broker's JIT
                 one_run(root / f"warm-{side}", bootstrap, f"warm-{side}",
                         max(args.records // 4, 1000), args.record_size)
             for run in range(args.runs):
-                for side, bootstrap in (sides.items() if run % 2 == 0
-                                        else reversed(sides.items())):
+                order = list(sides) if run % 2 == 0 else list(reversed(sides))
+                for side in order:
                     started = time.monotonic()
-                    cpu_before = cpu_seconds(coordinator.metrics())
-                    produce, fetch = one_run(root / f"{side}-{run}", bootstrap,
+                    proxy = proxies.get(side)
+                    cpu_before = cpu_seconds(proxy.metrics()) if proxy else None
+                    produce, fetch = one_run(root / f"{side}-{run}", sides[side],
                                              f"bench-{side}-{run}", args.records,
                                              args.record_size)
-                    cpu_after = cpu_seconds(coordinator.metrics())
+                    cpu_after = cpu_seconds(proxy.metrics()) if proxy else None
                     results[side].append((produce, fetch))
                     cpu = ""
-                    if side == "proxy" and cpu_before is not None and cpu_after is not None:
-                        proxy_cpu.append(cpu_after - cpu_before)
-                        cpu = f"  proxy CPU {proxy_cpu[-1]:5.2f} s"
+                    if cpu_before is not None and cpu_after is not None:
+                        proxy_cpu[side].append(cpu_after - cpu_before)
+                        cpu = f"  proxy CPU {proxy_cpu[side][-1]:5.2f} s"
                     print(f"  run {run + 1} {side:6}: produce {produce:7.2f} MB/s  "
                           f"consume (fetch) {fetch:7.2f} MB/s  "
                           f"({time.monotonic() - started:.0f} s){cpu}", flush=True)
         finally:
-            if coordinator is not None:
-                coordinator.stop()
+            for proxy in proxies.values():
+                proxy.stop()
             broker.stop()
     medians = {side: (statistics.median(r[0] for r in runs),
                       statistics.median(r[1] for r in runs))
                for side, runs in results.items()}
-    print("median (min-max)   produce MB/s          consume MB/s")
+    direct = medians["direct"]
+    print("median (min-max)   produce MB/s          consume MB/s       / direct    proxy CPU s")
     for side, (produce, fetch) in medians.items():
         runs = results[side]
+        cpus = proxy_cpu.get(side)
         print(f"  {side:10}  {produce:7.2f} ({min(r[0] for r in runs):.1f}-"
-              f"{max(r[0] for r in runs):.1f})  {fetch:10.2f} ({min(r[1] for r in runs):.1f}-"
-              f"{max(r[1] for r in runs):.1f})")
-    print(f"  proxy/direct {medians['proxy'][0] / medians['direct'][0]:7.2f}  "
-          f"{medians['proxy'][1] / medians['direct'][1]:21.2f}")
-    if proxy_cpu:
-        print(f"  proxy CPU per run (produce + consume): median {statistics.median(proxy_cpu):.2f}"
-              f" s ({min(proxy_cpu):.2f}-{max(proxy_cpu):.2f})")
+              f"{max(r[0] for r in runs):.1f})  {fetch:8.2f} ({min(r[1] for r in runs):.1f}-"
+              f"{max(r[1] for r in runs):.1f})  {produce / direct[0]:5.2f} {fetch / direct[1]:5.2f}"
+              + (f"  {statistics.median(cpus):.2f} ({min(cpus):.2f}-{max(cpus):.2f})"
+                 if cpus else ""))
     return 0
 
 

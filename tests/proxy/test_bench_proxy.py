@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from bench.proxy import _consumer_mb_per_s, _producer_mb_per_s, cpu_seconds
+from bench.proxy import _consumer_mb_per_s, _producer_mb_per_s, cpu_seconds, main
 
 
 def _producer_output(windows: list[float], total: float) -> str:
@@ -45,3 +47,9 @@ def test_the_proxys_cpu_is_read_from_its_metrics() -> None:
                "process_cpu_seconds_created 1.7e9\n")
     assert cpu_seconds(metrics) == 12.5
     assert cpu_seconds("connect_coordinator_groups 3\n") is None
+
+
+def test_another_checkout_without_the_coordinator_is_refused_before_anything_starts(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--other-checkout", str(tmp_path)]) == 2
+    assert f"{tmp_path} has no coordinator package" in capsys.readouterr().err
