@@ -125,16 +125,14 @@ def _percentiles(latencies: list[float]) -> str:
             f"max {ordered[-1] * 1000:6.2f} ms")
 
 
-def heartbeats_under_fetch(root: Path, coordinator: Coordinator, broker_bootstrap: str,
-                           records: int) -> None:
-    """Heartbeat latency through the proxy, idle and while a consumer fetches `records`
+def heartbeats_under_fetch(root: Path, proxies: dict[str, Coordinator],
+                           broker_bootstrap: str, records: int) -> None:
+    """Heartbeat latency through each proxy, idle and while a consumer fetches `records`
     records through the same proxy (the forwarded stream and the heartbeats share the
     coordinator's event loop)."""
     import threading
 
-    idle = heartbeat_latencies(coordinator.host, coordinator.port, 8.0)
-
-    def under_fetch(bootstrap: str, name: str) -> list[float]:
+    def under_fetch(coordinator: Coordinator, bootstrap: str, name: str) -> list[float]:
         done = threading.Event()
 
         def fetch_repeatedly() -> None:
@@ -158,20 +156,23 @@ def heartbeats_under_fetch(root: Path, coordinator: Coordinator, broker_bootstra
     produced = run_tool(
         "org.apache.kafka.tools.ProducerPerformance", root / "hb-producer", "--topic",
         "bench-hb", "--num-records", str(records), "--record-size", "1024", "--throughput",
-        "-1", "--command-property", f"bootstrap.servers={coordinator.bootstrap}", "acks=1",
+        "-1", "--command-property", f"bootstrap.servers={broker_bootstrap}", "acks=1",
         timeout_s=600)
     if produced.returncode != 0:
         raise RuntimeError(produced.stdout + produced.stderr)
-    direct = under_fetch(broker_bootstrap, "direct")
-    loaded = under_fetch(coordinator.bootstrap, "proxy")
-    forwarded = coordinator.metrics()
-    fetched = [line for line in forwarded.splitlines() if line.startswith(
-        'connect_coordinator_proxy_forwarded_response_bytes_total{api="Fetch"}')]
-    print("heartbeats through the proxy (an owned group's member, every 20 ms):")
-    print(f"  idle                      {_percentiles(idle)}")
-    print(f"  consumer fetching direct  {_percentiles(direct)}  (the same CPU load)")
-    print(f"  consumer fetching via it  {_percentiles(loaded)}")
-    print(f"  ({fetched[0].rsplit(' ', 1)[1] if fetched else '?'} Fetch bytes relayed)")
+    for label, coordinator in proxies.items():
+        idle = heartbeat_latencies(coordinator.host, coordinator.port, 8.0)
+        direct = under_fetch(coordinator, broker_bootstrap, f"{label}-direct")
+        loaded = under_fetch(coordinator, coordinator.bootstrap, f"{label}-via")
+        forwarded = coordinator.metrics()
+        fetched = [line for line in forwarded.splitlines() if line.startswith(
+            'connect_coordinator_proxy_forwarded_response_bytes_total{api="Fetch"}')]
+        print(f"heartbeats through the {label} (an owned group's member, every 20 ms):")
+        print(f"  idle                      {_percentiles(idle)}")
+        print(f"  consumer fetching direct  {_percentiles(direct)}  (the same CPU load)")
+        print(f"  consumer fetching via it  {_percentiles(loaded)}")
+        print(f"  ({fetched[0].rsplit(' ', 1)[1] if fetched else '?'} Fetch bytes relayed)",
+              flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -207,14 +208,14 @@ def main(argv: list[str] | None = None) -> int:
         broker = start_broker(root / "broker")
         proxies: dict[str, Coordinator] = {}
         try:
-            coordinator = proxies["proxy"] = start_coordinator(
+            proxies["proxy"] = start_coordinator(
                 root / "coordinator", broker.bootstrap, "owned-.*")
             if args.other_checkout is not None:
                 proxies["other"] = start_coordinator(
                     root / "other", broker.bootstrap, "owned-.*",
                     checkout=args.other_checkout.resolve())
             if args.heartbeats or args.only_heartbeats:
-                heartbeats_under_fetch(root, coordinator, broker.bootstrap, args.records)
+                heartbeats_under_fetch(root, proxies, broker.bootstrap, args.records)
                 if args.only_heartbeats:
                     return 0
             sides = {"direct": broker.bootstrap,
