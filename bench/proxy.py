@@ -31,7 +31,10 @@ HEARTBEAT = 1000  # ConnectGroupHeartbeat
 
 
 def _producer_mb_per_s(stdout: str) -> float:
-    match = re.search(r"records sent, [\d.]+ records/sec \(([\d.]+) MB/sec\)", stdout)
+    """The whole run's MB/sec: the total line, the only one with percentiles (the progress
+    lines before it cover one reporting window each, the first one mostly start-up)."""
+    match = re.search(r"records sent, [\d.]+ records/sec \(([\d.]+) MB/sec\).* 50th",
+                      stdout)
     if match is None:
         raise RuntimeError(f"no summary in ProducerPerformance's output:\n{stdout}")
     return float(match.group(1))
@@ -45,6 +48,14 @@ def _consumer_mb_per_s(stdout: str) -> tuple[float, int]:
     values = [value.strip() for value in lines[header + 1].split(",")]
     return (float(values[columns.index("fetch.MB.sec")]),
             int(float(values[columns.index("data.consumed.in.nMsg")])))
+
+
+def cpu_seconds(metrics_text: str) -> float | None:
+    """The coordinator's `process_cpu_seconds_total` (None where the platform has none)."""
+    for line in metrics_text.splitlines():
+        if line.startswith("process_cpu_seconds_total "):
+            return float(line.split()[1])
+    return None
 
 
 def one_run(folder: Path, bootstrap: str, topic: str, records: int, record_size: int
@@ -114,16 +125,14 @@ def _percentiles(latencies: list[float]) -> str:
             f"max {ordered[-1] * 1000:6.2f} ms")
 
 
-def heartbeats_under_fetch(root: Path, coordinator: Coordinator, broker_bootstrap: str,
-                           records: int) -> None:
-    """Heartbeat latency through the proxy, idle and while a consumer fetches `records`
+def heartbeats_under_fetch(root: Path, proxies: dict[str, Coordinator],
+                           broker_bootstrap: str, records: int) -> None:
+    """Heartbeat latency through each proxy, idle and while a consumer fetches `records`
     records through the same proxy (the forwarded stream and the heartbeats share the
     coordinator's event loop)."""
     import threading
 
-    idle = heartbeat_latencies(coordinator.host, coordinator.port, 8.0)
-
-    def under_fetch(bootstrap: str, name: str) -> list[float]:
+    def under_fetch(coordinator: Coordinator, bootstrap: str, name: str) -> list[float]:
         done = threading.Event()
 
         def fetch_repeatedly() -> None:
@@ -147,20 +156,23 @@ def heartbeats_under_fetch(root: Path, coordinator: Coordinator, broker_bootstra
     produced = run_tool(
         "org.apache.kafka.tools.ProducerPerformance", root / "hb-producer", "--topic",
         "bench-hb", "--num-records", str(records), "--record-size", "1024", "--throughput",
-        "-1", "--command-property", f"bootstrap.servers={coordinator.bootstrap}", "acks=1",
+        "-1", "--command-property", f"bootstrap.servers={broker_bootstrap}", "acks=1",
         timeout_s=600)
     if produced.returncode != 0:
         raise RuntimeError(produced.stdout + produced.stderr)
-    direct = under_fetch(broker_bootstrap, "direct")
-    loaded = under_fetch(coordinator.bootstrap, "proxy")
-    forwarded = coordinator.metrics()
-    fetched = [line for line in forwarded.splitlines() if line.startswith(
-        'connect_coordinator_proxy_forwarded_response_bytes_total{api="Fetch"}')]
-    print("heartbeats through the proxy (an owned group's member, every 20 ms):")
-    print(f"  idle                      {_percentiles(idle)}")
-    print(f"  consumer fetching direct  {_percentiles(direct)}  (the same CPU load)")
-    print(f"  consumer fetching via it  {_percentiles(loaded)}")
-    print(f"  ({fetched[0].rsplit(' ', 1)[1] if fetched else '?'} Fetch bytes relayed)")
+    for label, coordinator in proxies.items():
+        idle = heartbeat_latencies(coordinator.host, coordinator.port, 8.0)
+        direct = under_fetch(coordinator, broker_bootstrap, f"{label}-direct")
+        loaded = under_fetch(coordinator, coordinator.bootstrap, f"{label}-via")
+        forwarded = coordinator.metrics()
+        fetched = [line for line in forwarded.splitlines() if line.startswith(
+            'connect_coordinator_proxy_forwarded_response_bytes_total{api="Fetch"}')]
+        print(f"heartbeats through the {label} (an owned group's member, every 20 ms):")
+        print(f"  idle                      {_percentiles(idle)}")
+        print(f"  consumer fetching direct  {_percentiles(direct)}  (the same CPU load)")
+        print(f"  consumer fetching via it  {_percentiles(loaded)}")
+        print(f"  ({fetched[0].rsplit(' ', 1)[1] if fetched else '?'} Fetch bytes relayed)",
+              flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -174,55 +186,84 @@ def main(argv: list[str] | None = None) -> int:
                         help="also: heartbeat latency through the proxy while a consumer "
                              "fetches through it")
     parser.add_argument("--only-heartbeats", action="store_true")
+    parser.add_argument("--other-checkout", type=Path,
+                        help="also: a third side, the proxy from this checkout of the "
+                             "coordinator (an older version, say), for before/after figures "
+                             "against the same broker")
     args = parser.parse_args(argv)
+    if args.other_checkout is not None and not (args.other_checkout / "coordinator").is_dir():
+        print(f"bench proxy: {args.other_checkout} has no coordinator package",
+              file=sys.stderr)
+        return 2
     try:
         require_java()
         ensure_jars()
     except InteropUnavailable as error:
         print(f"bench proxy: {error}", file=sys.stderr)
         return 2
-    results: dict[str, list[tuple[float, float]]] = {"direct": [], "proxy": []}
+    results: dict[str, list[tuple[float, float]]] = {}
+    proxy_cpu: dict[str, list[float]] = {}  # a proxy's CPU seconds per run
     with tempfile.TemporaryDirectory(prefix="bench-proxy-") as scratch:
         root = Path(scratch)
         broker = start_broker(root / "broker")
-        coordinator: Coordinator | None = None
+        proxies: dict[str, Coordinator] = {}
         try:
-            coordinator = start_coordinator(root / "coordinator", broker.bootstrap,
-                                            "owned-.*")
+            proxies["proxy"] = start_coordinator(
+                root / "coordinator", broker.bootstrap, "owned-.*")
+            if args.other_checkout is not None:
+                proxies["other"] = start_coordinator(
+                    root / "other", broker.bootstrap, "owned-.*",
+                    checkout=args.other_checkout.resolve())
             if args.heartbeats or args.only_heartbeats:
-                heartbeats_under_fetch(root, coordinator, broker.bootstrap, args.records)
+                heartbeats_under_fetch(root, proxies, broker.bootstrap, args.records)
                 if args.only_heartbeats:
                     return 0
-            sides = {"direct": broker.bootstrap, "proxy": coordinator.bootstrap}
+            sides = {"direct": broker.bootstrap,
+                     **{name: proxy.bootstrap for name, proxy in proxies.items()}}
+            results.update({side: [] for side in sides})
+            proxy_cpu.update({name: [] for name in proxies})
             print(f"{args.records} records of {args.record_size} B, acks=1, "
-                  f"{args.runs} runs per side, alternating, after a warm-up run of each",
-                  flush=True)
+                  f"{args.runs} runs per side, alternating, after a warm-up run of each"
+                  + (f"; other = the proxy from {args.other_checkout}"
+                     if args.other_checkout else ""), flush=True)
             for side, bootstrap in sides.items():  # topic creation, the broker's JIT
                 one_run(root / f"warm-{side}", bootstrap, f"warm-{side}",
                         max(args.records // 4, 1000), args.record_size)
             for run in range(args.runs):
-                for side, bootstrap in (sides.items() if run % 2 == 0
-                                        else reversed(sides.items())):
+                order = list(sides) if run % 2 == 0 else list(reversed(sides))
+                for side in order:
                     started = time.monotonic()
-                    produce, fetch = one_run(root / f"{side}-{run}", bootstrap,
+                    proxy = proxies.get(side)
+                    cpu_before = cpu_seconds(proxy.metrics()) if proxy else None
+                    produce, fetch = one_run(root / f"{side}-{run}", sides[side],
                                              f"bench-{side}-{run}", args.records,
                                              args.record_size)
+                    cpu_after = cpu_seconds(proxy.metrics()) if proxy else None
                     results[side].append((produce, fetch))
+                    cpu = ""
+                    if cpu_before is not None and cpu_after is not None:
+                        proxy_cpu[side].append(cpu_after - cpu_before)
+                        cpu = f"  proxy CPU {proxy_cpu[side][-1]:5.2f} s"
                     print(f"  run {run + 1} {side:6}: produce {produce:7.2f} MB/s  "
                           f"consume (fetch) {fetch:7.2f} MB/s  "
-                          f"({time.monotonic() - started:.0f} s)", flush=True)
+                          f"({time.monotonic() - started:.0f} s){cpu}", flush=True)
         finally:
-            if coordinator is not None:
-                coordinator.stop()
+            for proxy in proxies.values():
+                proxy.stop()
             broker.stop()
     medians = {side: (statistics.median(r[0] for r in runs),
                       statistics.median(r[1] for r in runs))
                for side, runs in results.items()}
-    print("median        produce MB/s  consume MB/s")
+    direct = medians["direct"]
+    print("median (min-max)   produce MB/s          consume MB/s       / direct    proxy CPU s")
     for side, (produce, fetch) in medians.items():
-        print(f"  {side:10}  {produce:12.2f}  {fetch:12.2f}")
-    print(f"  proxy/direct {medians['proxy'][0] / medians['direct'][0]:11.2f}  "
-          f"{medians['proxy'][1] / medians['direct'][1]:12.2f}")
+        runs = results[side]
+        cpus = proxy_cpu.get(side)
+        print(f"  {side:10}  {produce:7.2f} ({min(r[0] for r in runs):.1f}-"
+              f"{max(r[0] for r in runs):.1f})  {fetch:8.2f} ({min(r[1] for r in runs):.1f}-"
+              f"{max(r[1] for r in runs):.1f})  {produce / direct[0]:5.2f} {fetch / direct[1]:5.2f}"
+              + (f"  {statistics.median(cpus):.2f} ({min(cpus):.2f}-{max(cpus):.2f})"
+                 if cpus else ""))
     return 0
 
 

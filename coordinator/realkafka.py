@@ -343,10 +343,12 @@ class Coordinator:
 def start_coordinator(folder: Path, upstream: str, groups: str, *, host: str = "127.0.0.1",
                       extra: Sequence[str] = (), timeout_s: float = 30.0,
                       port: int | None = None, admin_port: int | None = None,
-                      data_dir: Path | None = None) -> Coordinator:
+                      data_dir: Path | None = None, checkout: Path = REPO_ROOT
+                      ) -> Coordinator:
     """`connect-coordinator serve --upstream ...` on a block of free ports: its listen
     port, then one per upstream node id (node N at listen port + 1 + N). In memory, or
-    on `data_dir` (a restart on the same ports and data dir carries on where it was)."""
+    on `data_dir` (a restart on the same ports and data dir carries on where it was).
+    The code is this checkout's, or another's (`checkout`: before/after benchmarks)."""
     port = port if port is not None else free_port_block(8, host)
     admin_port = admin_port if admin_port is not None else free_port(host)
     storage = ["--data-dir", str(data_dir)] if data_dir is not None else ["--in-memory"]
@@ -354,7 +356,7 @@ def start_coordinator(folder: Path, upstream: str, groups: str, *, host: str = "
                "--listen", f"{host}:{port}", "--admin-listen", f"{host}:{admin_port}",
                *storage, "--upstream", upstream, "--set", f"proxy.groups={groups}",
                "--log-format", "json", *extra]
-    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
+    env = dict(os.environ, PYTHONPATH=str(checkout))
     process = start_process("coordinator", command, folder, env=env)
 
     def ready() -> bool:

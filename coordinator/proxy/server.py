@@ -8,15 +8,23 @@ connection has one upstream connection, opened on its first forwarded request.
 Per connection, a reader task cuts request frames and either forwards them at once or
 starts their local answer; every request that expects a response puts a slot in a
 bounded queue in request order, and a writer task empties the queue: it waits for the
-local answer, or reads the next response from the upstream stream and streams it to the
-client (decoding only the few that carry addresses). Kafka answers in order on one
-connection, so the next upstream response always belongs to the oldest upstream slot.
+local answer, or reads the next response from the upstream stream and passes it on
+(decoding only the few that carry addresses). Kafka answers in order on one connection,
+so the next upstream response always belongs to the oldest upstream slot.
+
+The forwarding path is where the proxy spends its time, and on loopback its cost is per
+request and per socket call rather than per byte: the forwarded requests of one read go
+upstream in one send, the answers that are ready go to the client in one send, only a
+request's header is read (a Produce's acks too) unless its API needs more, and the
+sockets are called directly, yielding to trio once per round instead of once per call.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import socket
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -57,12 +65,70 @@ class UpstreamClosed(Exception):
     """The upstream broker closed the connection (or it broke) mid-response."""
 
 
+class _Socket:
+    """A connected TCP socket the forwarding path reads and writes with direct non-blocking
+    calls, waiting through trio only when the call would block.
+
+    A forwarded request costs a few socket calls; through trio's stream each one also pays
+    for its wrappers and a pass through the scheduler, which together cost more than the
+    call. Here a call that succeeds at once does not yield: the loops that use it yield
+    once per round (`trio.lowlevel.checkpoint`), so other tasks still run and cancellation
+    still arrives. Closing goes through the trio stream, which wakes any waiter."""
+
+    def __init__(self, stream: trio.SocketStream) -> None:
+        self._socket = socket.socket(fileno=stream.socket.detach())
+        self.stream = trio.SocketStream(trio.socket.from_stdlib_socket(self._socket))
+
+    async def receive_some(self, max_bytes: int) -> bytes:
+        while True:
+            try:
+                return self._socket.recv(max_bytes)
+            except BlockingIOError:
+                pass
+            except OSError as error:
+                raise _broken(error) from None
+            await trio.lowlevel.wait_readable(self._socket)
+
+    async def send_all(self, data: bytes) -> None:
+        view: memoryview | None = None  # only once a send was partial
+        sent = 0
+        try:
+            while sent < len(data):
+                try:
+                    sent += self._socket.send(data if view is None else view[sent:])
+                except BlockingIOError:
+                    await trio.lowlevel.wait_writable(self._socket)
+                except OSError as error:
+                    raise _broken(error) from None
+                if view is None and sent < len(data):
+                    view = memoryview(data)
+        finally:
+            if view is not None:
+                view.release()
+
+    async def aclose(self) -> None:
+        await self.stream.aclose()
+
+
+def _broken(error: OSError) -> trio.BrokenResourceError | trio.ClosedResourceError:
+    if error.errno == errno.EBADF:
+        return trio.ClosedResourceError("the socket was closed")
+    return trio.BrokenResourceError(str(error))
+
+
 class _ByteReader:
     """Reads exact byte counts from a stream, or relays them to another stream."""
 
-    def __init__(self, stream: trio.SocketStream) -> None:
+    def __init__(self, stream: trio.SocketStream | _Socket) -> None:
         self.stream = stream
         self._buffer = bytearray()
+
+    @property
+    def buffered(self) -> int:
+        return len(self._buffer)
+
+    def int32_at(self, offset: int) -> int:
+        return int(INT32.unpack_from(self._buffer, offset)[0])
 
     async def _fill(self, limit: int) -> None:
         try:
@@ -73,15 +139,26 @@ class _ByteReader:
             raise UpstreamClosed("the upstream broker closed the connection")
         self._buffer += data
 
-    async def read_exactly(self, count: int) -> bytes:
+    async def fill(self, count: int) -> None:
+        """Wait until at least `count` bytes are buffered."""
         while len(self._buffer) < count:
+            if self._buffer:  # a frame longer than one read: let other tasks in between
+                await trio.lowlevel.checkpoint()
             await self._fill(count - len(self._buffer))
+
+    async def read_exactly(self, count: int) -> bytes:
+        await self.fill(count)
         data = bytes(self._buffer[:count])
         del self._buffer[:count]
         return data
 
-    async def relay(self, count: int, destination: trio.SocketStream, prefix: bytes = b""
-                    ) -> None:
+    def move_to(self, destination: bytearray, count: int) -> None:
+        """Append the next `count` bytes, all buffered, to `destination` (one copy)."""
+        with memoryview(self._buffer) as view, view[:count] as part:
+            destination += part
+        del self._buffer[:count]
+
+    async def relay(self, count: int, destination: _Socket, prefix: bytes = b"") -> None:
         """Send `prefix` and the next `count` bytes to `destination` as they arrive: what
         is buffered in one send with the prefix (a send on loopback costs more than a
         copy), the rest read no further than the frame's end and passed on as received,
@@ -103,6 +180,7 @@ class _ByteReader:
             count -= len(data)
             await destination.send_all(prefix + data if prefix else data)
             prefix = b""
+            await trio.lowlevel.checkpoint()  # once per chunk (the socket calls need not)
         if prefix:
             await destination.send_all(prefix)
 
@@ -113,12 +191,22 @@ class _Slot:
 
     routing: wire.Routing | None
     upstream: bool = False  # the next upstream response; else `answer` once `done`
-    done: trio.Event = field(default_factory=trio.Event)
+    done: trio.Event | None = None  # a local answer still being computed
     answer: bytes | None = None  # None when done: close the connection
     reason: str = ""
 
+    @classmethod
+    def pending(cls, routing: wire.Routing) -> _Slot:
+        return cls(routing, done=trio.Event())
+
+    @classmethod
+    def answered(cls, routing: wire.Routing | None, answer: bytes | None, reason: str = ""
+                 ) -> _Slot:
+        return cls(routing, answer=answer, reason=reason)
+
     def finish(self, answer: bytes | None, reason: str = "") -> None:
         self.answer, self.reason = answer, reason
+        assert self.done is not None
         self.done.set()
 
 
@@ -283,8 +371,14 @@ class ProxyServer:
                     log.warning("accept_failed", error=str(error))
                     await trio.sleep(0.1)
                     continue
+                try:
+                    connection = _Connection(self, stream, node)
+                except OSError as error:  # the client reset the connection already
+                    log.warning("accept_failed", error=str(error))
+                    await stream.aclose()
+                    continue
                 assert self._connection_nursery is not None
-                self._connection_nursery.start_soon(_Connection(self, stream, node).run)
+                self._connection_nursery.start_soon(connection.run)
         finally:
             listener.socket.close()
 
@@ -301,9 +395,8 @@ class ProxyServer:
 class _Connection:
     def __init__(self, proxy: ProxyServer, client: trio.SocketStream, node: int | None) -> None:
         self.proxy = proxy
-        self.client = client
         self.node = node  # None: the bootstrap listener
-        self.upstream: trio.SocketStream | None = None
+        self.upstream: _Socket | None = None
         self.responses: _ByteReader | None = None
         self._outgoing: list[bytes] = []  # forwarded requests not yet sent upstream
         self._outgoing_bytes = 0
@@ -313,13 +406,14 @@ class _Connection:
             self.peer = None
         # The problems of the requests answered locally, logged as a connection's are.
         self.problems = ProblemLog(peer=self.peer)
+        self.client = _Socket(client)
 
     async def run(self) -> None:
         metrics = self.proxy.metrics
         metrics.connections.inc()
         send, receive = trio.open_memory_channel[_Slot](MAX_IN_FLIGHT)
         try:
-            async with self.client, trio.open_nursery() as nursery:
+            async with self.client.stream, trio.open_nursery() as nursery:
                 nursery.start_soon(self._read_requests, send, nursery)
                 await self._write_responses(receive)
                 nursery.cancel_scope.cancel()
@@ -336,32 +430,38 @@ class _Connection:
     async def _read_requests(self, slots: trio.MemorySendChannel[_Slot],
                              nursery: trio.Nursery) -> None:
         frames = FrameBuffer(self.proxy.max_frame_bytes)
-        async with slots:
-            while True:
-                try:
-                    data = await self.client.receive_some(RECEIVE_BYTES)
-                except (trio.BrokenResourceError, trio.ClosedResourceError):
-                    data = b""
-                if not data:
-                    # The client is gone: stop waiting for the upstream's answers to it
-                    # (local answers in flight finish, shielded, before the close).
-                    nursery.cancel_scope.cancel()
-                    return
-                try:
-                    frames.feed(data)
-                except FrameError as error:
-                    await self._close_after(slots, f"bad frame: {error}")
-                    return
-                # The forwarded requests of one read go upstream in one send.
-                going_on = True
-                for frame in frames:
-                    going_on = await self._request(frame, slots, nursery)
-                    if not going_on or self._outgoing_bytes >= FLUSH_BYTES:
-                        going_on = await self._flush(slots) and going_on
-                    if not going_on:
-                        break
-                if not (await self._flush(slots) and going_on):
-                    return
+        with contextlib.suppress(trio.BrokenResourceError):  # the writer stopped: closing
+            async with slots:
+                await self._requests(frames, slots, nursery)
+
+    async def _requests(self, frames: FrameBuffer, slots: trio.MemorySendChannel[_Slot],
+                        nursery: trio.Nursery) -> None:
+        while True:
+            try:
+                data = await self.client.receive_some(RECEIVE_BYTES)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                data = b""
+            if not data:
+                # The client is gone: stop waiting for the upstream's answers to it
+                # (local answers in flight finish, shielded, before the close).
+                nursery.cancel_scope.cancel()
+                return
+            try:
+                frames.feed(data)
+            except FrameError as error:
+                await self._close_after(slots, f"bad frame: {error}")
+                return
+            # The forwarded requests of one read go upstream in one send.
+            going_on = True
+            for frame in frames:
+                going_on = await self._request(frame, slots, nursery)
+                if not going_on or self._outgoing_bytes >= FLUSH_BYTES:
+                    going_on = await self._flush(slots) and going_on
+                if not going_on:
+                    break
+            if not (await self._flush(slots) and going_on):
+                return
+            await trio.lowlevel.checkpoint()  # once per read (the socket calls need not)
 
     async def _flush(self, slots: trio.MemorySendChannel[_Slot]) -> bool:
         if not self._outgoing:
@@ -380,11 +480,19 @@ class _Connection:
             return False
         return True
 
+    async def _queue(self, slots: trio.MemorySendChannel[_Slot], slot: _Slot) -> None:
+        """Queue an expected answer, in request order, without a pass through the scheduler
+        while there is room. With the queue full, the requests not yet sent upstream go
+        first: the writer may be waiting for their answers to make room."""
+        try:
+            slots.send_nowait(slot)
+        except trio.WouldBlock:
+            await self._flush(slots)
+            await slots.send(slot)
+
     async def _close_after(self, slots: trio.MemorySendChannel[_Slot], reason: str) -> None:
         """Answer what came before, then close the connection."""
-        slot = _Slot(None)
-        slot.finish(None, reason)
-        await slots.send(slot)
+        await self._queue(slots, _Slot.answered(None, None, reason))
 
     async def _request(self, frame: bytes, slots: trio.MemorySendChannel[_Slot],
                        nursery: trio.Nursery) -> bool:
@@ -398,16 +506,14 @@ class _Connection:
         head = routing.head
         if routing.action is wire.Action.FIND_COORDINATOR:
             proxy.metrics.owned(head.api_key)
-            slot = _Slot(routing)
-            slot.finish(wire.find_coordinator_answer(head.api_version, head.correlation_id,
-                                                     routing.coordinator_keys,
-                                                     proxy.coordinator))
-            await slots.send(slot)
+            await self._queue(slots, _Slot.answered(routing, wire.find_coordinator_answer(
+                head.api_version, head.correlation_id, routing.coordinator_keys,
+                proxy.coordinator)))
             return True
         if routing.action is wire.Action.LOCAL:
             proxy.metrics.owned(head.api_key)
-            slot = _Slot(routing)
-            await slots.send(slot)
+            slot = _Slot.pending(routing)
+            await self._queue(slots, slot)
             nursery.start_soon(self._answer_locally, frame, routing, slot)
             return True
         return await self._forward(frame, routing, slots)
@@ -437,12 +543,10 @@ class _Connection:
         proxy = self.proxy
         if not await self._connect_upstream():
             if head.api_key == wire.FIND_COORDINATOR:
-                slot = _Slot(routing)
-                slot.finish(wire.find_coordinator_answer(
+                await self._queue(slots, _Slot.answered(routing, wire.find_coordinator_answer(
                     head.api_version, head.correlation_id, routing.coordinator_keys,
                     proxy.coordinator, ErrorCode.COORDINATOR_NOT_AVAILABLE,
-                    "the upstream Kafka cluster is unreachable"))
-                await slots.send(slot)
+                    "the upstream Kafka cluster is unreachable")))
                 return True
             await self._close_after(slots, "the upstream Kafka cluster is unreachable")
             return False
@@ -450,7 +554,7 @@ class _Connection:
         # The slot is queued before the request leaves (at the next flush), so the writer
         # expects its response before it can arrive.
         if routing.expects_response:
-            await slots.send(_Slot(routing, upstream=True))
+            await self._queue(slots, _Slot(routing, upstream=True))
         self._outgoing.append(INT32.pack(len(frame)))
         self._outgoing.append(frame)
         self._outgoing_bytes += len(frame) + 4
@@ -472,7 +576,7 @@ class _Connection:
         for host, port in addresses:
             try:
                 with trio.fail_after(proxy.connect_timeout_s):
-                    self.upstream = await trio.open_tcp_stream(host, port)
+                    self.upstream = _Socket(await trio.open_tcp_stream(host, port))
             except (OSError, trio.TooSlowError) as error:
                 errors.append(f"{host}:{port}: {error or 'timed out'}")
                 continue
@@ -486,45 +590,84 @@ class _Connection:
     # -- proxy -> client -----------------------------------------------------------------
 
     async def _write_responses(self, slots: trio.MemoryReceiveChannel[_Slot]) -> None:
+        """Answer in request order. Answers that are ready go out together: the writer
+        sends what it has gathered only before it would wait (for an upstream response
+        still to come, a local answer, the next request), so a burst of pipelined answers
+        costs one send to the client, not one each (a send on loopback wakes the client,
+        which costs more than the copy)."""
+        ready = bytearray()
         async with slots:
-            async for slot in slots:
-                try:
+            try:
+                while True:
+                    try:
+                        slot = slots.receive_nowait()
+                    except trio.WouldBlock:
+                        await self._send(ready)
+                        slot = await slots.receive()
                     if slot.upstream:
-                        await self._relay_response(slot)
-                        continue
-                    await slot.done.wait()
-                    if slot.answer is None:
-                        log.info("proxy_connection_closed", reason=slot.reason, peer=self.peer)
-                        return
-                    await self.client.send_all(slot.answer)
-                except (trio.BrokenResourceError, trio.ClosedResourceError):
-                    return
-                except UpstreamClosed as error:
-                    self.proxy.metrics.upstream_failure("closed")
-                    log.warning("proxy_upstream_closed", error=str(error), peer=self.peer)
-                    return
-                except (MalformedResponse, FrameError) as error:
-                    log.error("proxy_bad_upstream_response", error=str(error), peer=self.peer)
-                    return
+                        await self._relay_response(slot, ready)
+                    else:
+                        if slot.done is not None and not slot.done.is_set():
+                            await self._send(ready)
+                            await slot.done.wait()
+                        if slot.answer is None:
+                            await self._send(ready)
+                            log.info("proxy_connection_closed", reason=slot.reason,
+                                     peer=self.peer)
+                            return
+                        ready += slot.answer
+                    if len(ready) >= FLUSH_BYTES:
+                        await self._send(ready)
+            except trio.EndOfChannel:  # the reader is done
+                pass
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                return
+            except UpstreamClosed as error:
+                self.proxy.metrics.upstream_failure("closed")
+                log.warning("proxy_upstream_closed", error=str(error), peer=self.peer)
+            except (MalformedResponse, FrameError) as error:
+                log.error("proxy_bad_upstream_response", error=str(error), peer=self.peer)
+            # The answers gathered before the end (or the upstream's failure) still go out.
+            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                await self._send(ready)
 
-    async def _relay_response(self, slot: _Slot) -> None:
-        assert self.responses is not None and slot.routing is not None
+    async def _send(self, ready: bytearray) -> None:
+        if ready:
+            data = bytes(ready)
+            ready.clear()
+            await self.client.send_all(data)
+            await trio.lowlevel.checkpoint()  # once per batch (the socket calls need not)
+
+    async def _relay_response(self, slot: _Slot, ready: bytearray) -> None:
+        """The next upstream response: added to `ready` when it is all there (after its
+        rewrite, if any), else streamed to the client behind what `ready` holds."""
+        responses = self.responses
+        assert responses is not None and slot.routing is not None
         head = slot.routing.head
-        start = await self.responses.read_exactly(8)  # size, correlation id
-        size, correlation = INT32.unpack_from(start, 0)[0], INT32.unpack_from(start, 4)[0]
+        if responses.buffered < 8:  # size, correlation id
+            await self._send(ready)
+            await responses.fill(8)
+        size, correlation = responses.int32_at(0), responses.int32_at(4)
         if correlation != head.correlation_id:
             raise MalformedResponse(f"upstream answered correlation id {correlation} where "
                                     f"{head.correlation_id} was next")
         if size < 4 or size > self.proxy.max_frame_bytes:
             raise MalformedResponse(f"upstream response of {size} bytes")
         if slot.routing.rewrite:
-            frame = start[4:] + await self.responses.read_exactly(size - 4)
+            if responses.buffered < size + 4:
+                await self._send(ready)
+            frame = (await responses.read_exactly(size + 4))[4:]
             answer = await self._rewritten(frame, slot.routing)
-            await self.client.send_all(answer)
+            ready += answer
             self.proxy.metrics.relayed(head.api_key, len(answer))
-            return
-        await self.responses.relay(size - 4, self.client, prefix=start)
-        self.proxy.metrics.relayed(head.api_key, size + 4)
+        elif responses.buffered >= size + 4:
+            responses.move_to(ready, size + 4)
+            self.proxy.metrics.relayed(head.api_key, size + 4)
+        else:
+            pending = bytes(ready)
+            ready.clear()
+            await responses.relay(size + 4, self.client, prefix=pending)
+            self.proxy.metrics.relayed(head.api_key, size + 4)
 
     async def _rewritten(self, frame: bytes, routing: wire.Routing) -> bytes:
         proxy = self.proxy
