@@ -1567,6 +1567,22 @@ class GroupCoordinator:
     def set_group_config(
         self, group_id: str, body: Mapping[str, Any], now_ms: int
     ) -> Result[dict[str, Any]]:
+        """A group's overrides. `connect.classic.group.type` is the group's type itself,
+        for a group without members: `connect` makes it a connect group (an empty classic
+        group gives way), `classic` an empty classic group (an empty connect group without
+        connectors gives way), so that the first classic worker to join finds the type
+        already chosen whatever the server's `group.connect.classic.group.type`."""
+        if CLASSIC_GROUP_TYPE_KEY in body:
+            kind = body[CLASSIC_GROUP_TYPE_KEY]
+            body = {key: value for key, value in body.items() if key != CLASSIC_GROUP_TYPE_KEY}
+            if kind == "classic":
+                if body:
+                    raise invalid(f"{', '.join(sorted(body))}: connect group settings, not "
+                                  f"for a group set to {CLASSIC_GROUP_TYPE_KEY}=classic")
+                return self._make_classic(group_id)
+            if kind != "connect":
+                raise invalid(f"{CLASSIC_GROUP_TYPE_KEY} must be 'classic' or 'connect', "
+                              f"got {kind!r}")
         current = (
             self.store.groups[group_id].config if group_id in self.store.groups else GroupConfig()
         )
@@ -1597,6 +1613,22 @@ class GroupCoordinator:
         self._note_idleness(group, change, now_ms)
         return change.result({"group": group_id, "config": _group_config_view(config)})
 
+    def _make_classic(self, group_id: str) -> Result[dict[str, Any]]:
+        if not group_id:
+            raise ApiError(ErrorCode.INVALID_GROUP_ID, "group id must be non-empty")
+        change = _Change(self.store)
+        group = self.store.groups.get(group_id)
+        if group is not None:
+            if group.members or group.connectors:
+                raise invalid(f"group {group_id} is a connect group with "
+                              f"{len(group.members)} member(s) and {len(group.connectors)} "
+                              "connector(s): only a group without either can be made "
+                              "classic (a group with members changes type as they do)")
+            change.event("group_deleted", group, reason=f"{CLASSIC_GROUP_TYPE_KEY}=classic")
+            self._delete(group, change)
+        self.classic.keep_empty(group_id, change)
+        return change.result({"group": group_id, "config": {CLASSIC_GROUP_TYPE_KEY: "classic"}})
+
     def group_config(self, group_id: str) -> dict[str, Any]:
         return _group_config_view(self._existing_group(group_id).config)
 
@@ -1614,6 +1646,8 @@ class GroupCoordinator:
             # where its units come from: `admin` (connectors set through the admin API)
             # or `installs` (what its client-side assignments hand out)
             "units.source": group.units_source,
+            # a group in this view is a connect group (classic groups have no overrides)
+            CLASSIC_GROUP_TYPE_KEY: "connect",
         }
 
     def delete_group(self, group_id: str, now_ms: int) -> Result[dict[str, Any]]:
@@ -1652,6 +1686,9 @@ class GroupCoordinator:
         change.write(deadlines_record(group_id, None, None))
         change.write(Record(group_metadata_record(group_id, 0).key, None))
         change.timers.append(TimerClearGroup(group_id))
+
+
+CLASSIC_GROUP_TYPE_KEY = "connect.classic.group.type"
 
 
 def _covering_members(metadata: Mapping[str, MemberMetadata], assignor: str) -> list[str]:

@@ -254,3 +254,21 @@ async def test_group_config_shows_effective_values(server: ServerHandle) -> None
     assert answer["effective"]["connect.session.timeout.ms"] == 20_000
     assert answer["effective"]["connect.assignor.offload.enable"] is False
     assert answer["effective"]["connect.heartbeat.interval.ms"] == defaults.heartbeat_interval_ms
+
+
+async def test_a_groups_type_is_set_through_the_config_api(server: ServerHandle) -> None:
+    key = "connect.classic.group.type"
+    status, answer = await http(server, "PUT", "/groups/fresh/config", {key: "connect"})
+    assert status == 200, answer
+    assert (await http(server, "GET", "/groups/fresh/config"))[1]["effective"][key] == "connect"
+    assert (await http(server, "GET", "/groups/fresh"))[1]["type"] == "connect"
+    status, answer = await http(server, "PUT", "/groups/fresh/config", {key: "classic"})
+    assert status == 200, answer
+    assert (await http(server, "GET", "/groups/fresh"))[1]["type"] == "classic"
+    # a group with connectors keeps its type; the refusal says why
+    await http(server, "PUT", "/groups/g/connectors/a", {"tasks": 1})
+    status, answer = await http(server, "PUT", "/groups/g/config", {key: "classic"})
+    assert_error_body(status, answer, 400)
+    assert "connector" in answer["message"]
+    status, answer = await http(server, "PUT", "/groups/g/config", {key: "eager"})
+    assert_error_body(status, answer, 400)

@@ -303,6 +303,12 @@ class ClassicEngine:
             change.write(member_record(group_id, member_id, None))
         change.write(metadata_record(group_id, None))
 
+    def keep_empty(self, group_id: str, change: Any) -> None:
+        """An empty classic group `group_id` (unless it is one already): its type chosen
+        before any member joins, through the admin config API."""
+        if group_id not in self.store.groups:
+            change.write(metadata_record(group_id, new_metadata(PROTOCOL_TYPE)))
+
     def replay(self, record: Record) -> None:
         self.store.replay(record)
 
