@@ -51,13 +51,13 @@ from bench.heartbeats import (
     BenchError,
     LoadProcess,
     Target,
-    _bench_errors,
     _describe,
     _plan_workers,
     _wait_stable,
     _window,
     admin,
     coordinator,
+    run_reporting_errors,
     summarize,
 )
 from coordinator.client import KafkaClient
@@ -405,14 +405,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     # room for a connection per member and the bench's own (--set may say otherwise).
     args.bootstrap, args.admin, args.in_process, args.in_memory = None, None, False, False
     args.set = [f"server.max.connections={max(1_000, 2 * args.members + 100)}", *args.set]
-    try:
-        result = trio.run(run_heartbeats if args.which == "heartbeats" else run_join, args)
-    except (BenchError, BaseExceptionGroup) as raised:
-        problems = _bench_errors(raised)
-        if not problems:
-            raise
-        for problem in problems:
-            print(f"{PROG}: {problem}", file=sys.stderr)
+    result = run_reporting_errors(
+        PROG, run_heartbeats if args.which == "heartbeats" else run_join, args)
+    if result is None:
         return 1
     print(json.dumps(result, indent=None if args.json else 2))
     if args.which == "heartbeats":

@@ -85,7 +85,7 @@ import time
 import urllib.parse
 import urllib.request
 from collections import Counter, deque
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -1512,6 +1512,21 @@ def _bench_errors(raised: BaseException) -> list[BenchError]:
     return []
 
 
+def run_reporting_errors(prog: str, main: Callable[[argparse.Namespace], Awaitable[Any]],
+                         args: argparse.Namespace) -> Any:
+    """`trio.run(main, args)`; None once the bench's own errors are printed, a line each
+    after `prog` (anything else is a bug and raised)."""
+    try:
+        return trio.run(main, args)
+    except (BenchError, BaseExceptionGroup) as raised:
+        problems = _bench_errors(raised)
+        if not problems:
+            raise
+        for problem in problems:
+            print(f"{prog}: {problem}", file=sys.stderr)
+        return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -1532,14 +1547,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error("the in-flight window needs the coordinator's log (when each run "
                          "was in flight), which --bootstrap does not give: pass "
                          "--assignor-windows continuous")
-    try:
-        result = trio.run(run_bench, args)
-    except (BenchError, BaseExceptionGroup) as raised:
-        problems = _bench_errors(raised)
-        if not problems:
-            raise
-        for problem in problems:
-            print(f"{PROG}: {problem}", file=sys.stderr)
+    result = run_reporting_errors(PROG, run_bench, args)
+    if result is None:
         return 1
     if args.json:
         print(json.dumps(result))

@@ -96,14 +96,13 @@ Limit = ArrayLimit | LengthLimit
 class Limits(Mapping[tuple[str, str], Limit]):
     """(entity class name, field name) -> the limit of that array, string or bytes field;
     (entity class name, field name + "[]") -> the length limit of each string in an array
-    of strings. Immutable and hashable, so the walk generated for it is found by it."""
+    of strings. Immutable; it keeps the walks generated for it (`walker`)."""
 
-    __slots__ = ("_limits", "_hash", "walkers")
+    __slots__ = ("_limits", "walkers")
 
     def __init__(self, limits: Mapping[tuple[str, str], Limit] | None = None) -> None:
         self._limits = dict(limits or {})
-        self._hash = hash(frozenset(self._limits.items()))
-        # entity type -> its walk with these limits: found without hashing the limits
+        # entity type -> its walk with these limits (the code depends on nothing else)
         self.walkers: dict[type[Any], Callable[[_Walk, int], int]] = {}
 
     def __getitem__(self, key: tuple[str, str]) -> Limit:
@@ -115,11 +114,12 @@ class Limits(Mapping[tuple[str, str], Limit]):
     def __len__(self) -> int:
         return len(self._limits)
 
-    def __hash__(self) -> int:
-        return self._hash
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Limits) and self._limits == other._limits
+    def walker(self, entity_type: type[Any]) -> Callable[[_Walk, int], int]:
+        """The walk function of `entity_type` with these limits, generated once."""
+        walker = self.walkers.get(entity_type)
+        if walker is None:
+            walker = self.walkers[entity_type] = _generate_walker(entity_type, self)
+        return walker
 
 
 NO_LIMITS = Limits()
@@ -334,23 +334,15 @@ class _Source:
             self.emit(depth, "else: o += 1")
 
 
-# Generated code depends only on the (immutable) schema and limits it is made from.
-_WALKERS: dict[tuple[type[Any], Limits], Callable[[_Walk, int], int]] = {}
-
-
-def _walker(entity_type: type[Any], limits: Limits) -> Callable[[_Walk, int], int]:
-    """The walk function of `entity_type` with `limits`, generated once."""
-    key = (entity_type, limits)
-    walker = _WALKERS.get(key)
-    if walker is None:
-        source = _Source(limits)
-        source.entity(1, entity_type)
-        text = "\n".join(["def walk_entity(walk, o):", "    data = walk.data",
-                          *source.lines, "    return o"])
-        namespace: dict[str, Any] = {"unpack_h": INT16.unpack_from,
-                                     "unpack_i": INT32.unpack_from, **source.constants}
-        exec(compile(text, f"<walk {entity_type.__name__}>", "exec"), namespace)
-        walker = _WALKERS[key] = namespace["walk_entity"]
+def _generate_walker(entity_type: type[Any], limits: Limits) -> Callable[[_Walk, int], int]:
+    source = _Source(limits)
+    source.entity(1, entity_type)
+    text = "\n".join(["def walk_entity(walk, o):", "    data = walk.data",
+                      *source.lines, "    return o"])
+    namespace: dict[str, Any] = {"unpack_h": INT16.unpack_from,
+                                 "unpack_i": INT32.unpack_from, **source.constants}
+    exec(compile(text, f"<walk {entity_type.__name__}>", "exec"), namespace)
+    walker: Callable[[_Walk, int], int] = namespace["walk_entity"]
     return walker
 
 
@@ -386,11 +378,9 @@ def check_request(frame: bytes, body_type: type[Any], body_offset: int,
     Raises WalkError for a body that does not have its schema's shape, LimitExceeded for
     an array over its limit.
     """
-    if not isinstance(limits, Limits):  # a plain mapping (tests, tools): made hashable
+    if not isinstance(limits, Limits):  # a plain mapping (tests, tools)
         limits = Limits(limits)
-    walker = limits.walkers.get(body_type)
-    if walker is None:
-        walker = limits.walkers[body_type] = _walker(body_type, limits)
+    walker = limits.walkers.get(body_type) or limits.walker(body_type)
     walk = _Walk(frame)
     if header_tagged:
         walk.tagged = list(header_tagged)

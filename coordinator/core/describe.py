@@ -91,7 +91,7 @@ def snapshot(group: Group, assignor: str | None,
         key=lambda member: member[0]))
     return GroupSnapshot(group.group_id, group.state, group.epoch, group.assignment_epoch,
                          assignor, group.units if units is None else units, members,
-                         group.units_source, MappingProxyType(dict(classic_protocols)))
+                         group.units_source, MappingProxyType(classic_protocols))
 
 
 def build(group: GroupSnapshot | ClassicSnapshot, version: int = NEWEST_VERSION) -> Any:

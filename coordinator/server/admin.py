@@ -66,7 +66,6 @@ def view_of(taken: describing.GroupSnapshot, config: dict[str, Any],
     """A connect group's view from a snapshot: touches no shared state, so it may run in
     a thread."""
     described = describing.build(taken)
-    told = taken.classic_protocols
     unassigned = sorted(unassigned_units)
     return {
         "group_id": described.group_id,
@@ -87,8 +86,8 @@ def view_of(taken: describing.GroupSnapshot, config: dict[str, Any],
         "members": [
             {
                 "member_id": m.member_id,
-                "protocol": "classic" if m.member_id in told else "connect",
-                "classic_protocol": told.get(m.member_id),
+                "protocol": m.protocol,
+                "classic_protocol": m.classic_protocol,
                 "instance_id": m.instance_id,
                 "worker_url": m.worker_url,
                 "member_epoch": m.member_epoch,

@@ -23,7 +23,6 @@ from protocol.classic import JOIN_GROUP, LEAVE_GROUP, SYNC_GROUP
 from protocol.guard import ArrayLimit, LengthLimit, Limit, Limits
 
 HEARTBEAT, PREPARE, INSTALL, DESCRIBE = 1000, 1001, 1002, 1003
-CONNECT_APIS = (HEARTBEAT, PREPARE, INSTALL, DESCRIBE)
 
 
 def _limit(config: ServerConfig, counter: str, field: str) -> ArrayLimit:
@@ -66,11 +65,11 @@ def decode_limits(config: ServerConfig) -> dict[int, Limits]:
                **_ids(ids, "ConnectGroupInstallAssignmentRequest", "group_id", "member_id"),
                **_ids(ids, "MemberAssignment", "member_id"), **units}
     # The classic group APIs: what a classic group stores is held to the same limits.
-    classic = _ids(ids, "", "group_id", "member_id", "group_instance_id", "protocol_type")
-    join = {**{("JoinGroupRequest", field): limit for (_, field), limit in classic.items()},
+    classic = ("group_id", "member_id", "group_instance_id", "protocol_type")
+    join = {**_ids(ids, "JoinGroupRequest", *classic),
             ("JoinGroupRequestProtocol", "name"): ids,
             ("JoinGroupRequestProtocol", "metadata"): metadata}
-    sync = {**{("SyncGroupRequest", field): limit for (_, field), limit in classic.items()},
+    sync = {**_ids(ids, "SyncGroupRequest", *classic),
             ("SyncGroupRequestAssignment", "member_id"): ids,
             ("SyncGroupRequestAssignment", "assignment"): metadata}
     return {

@@ -4,6 +4,7 @@ requests, the record log and restarts (replaying that log into a fresh core)."""
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from typing import Any
 
 from coordinator.assignors import load_assignors
@@ -22,7 +23,7 @@ from coordinator.core.classic.engine import (
 )
 from coordinator.core.classic.state import ClassicGroup
 from coordinator.core.coordinator import GroupCoordinator
-from coordinator.core.result import Record, Result, TimerClearGroup, TimerKey, TimerSet
+from coordinator.core.result import Record, Result, TimerClearGroup, TimerKey, TimerOp, TimerSet
 from protocol.records import decode_record, encode_key, encode_value
 
 PROTOCOLS = (("sessioned", b"meta-2"), ("compatible", b"meta-1"), ("default", b"meta-0"))
@@ -62,14 +63,7 @@ class ClassicContext:
         for record in result.records:
             key, value = decode_record(encode_key(record.key), encode_value(record.value))
             self.log.append(Record(key, value))
-        for operation in result.timers:
-            if isinstance(operation, TimerSet):
-                self.timers[operation.key] = operation.deadline_ms
-            elif isinstance(operation, TimerClearGroup):
-                for key in [key for key in self.timers if key[1] == operation.group_id]:
-                    del self.timers[key]
-            else:
-                self.timers.pop(operation.key, None)
+        self.apply_timers(result.timers)
         response = result.response
         if isinstance(response, Parked):  # parked before the change's releases, as the shell
             self.parked.add(response.key)
@@ -80,6 +74,16 @@ class ClassicContext:
         if isinstance(response, Parked) and response.key in self.released:
             return self.released.pop(response.key)  # released by its own change
         return response
+
+    def apply_timers(self, operations: Sequence[TimerOp]) -> None:
+        for operation in operations:
+            if isinstance(operation, TimerSet):
+                self.timers[operation.key] = operation.deadline_ms
+            elif isinstance(operation, TimerClearGroup):
+                for key in [key for key in self.timers if key[1] == operation.group_id]:
+                    del self.timers[key]
+            else:
+                self.timers.pop(operation.key, None)
 
     def take(self, kind: str, member_id: str, group_id: str = "g") -> Any:
         """The answer a parked request got (None if it is still parked)."""

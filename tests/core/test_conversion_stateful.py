@@ -33,8 +33,6 @@ from coordinator.core.result import (
     REVOCATION_TIMER,
     SESSION_TIMER,
     Result,
-    TimerClearGroup,
-    TimerOp,
     TimerSet,
 )
 from coordinator.units import Unit
@@ -84,16 +82,6 @@ class ChaosContext(ClassicContext):
                     self.parked.discard(result.response.key)
                 raise AnswerLost
         return answer
-
-    def apply_timers(self, operations: list[TimerOp]) -> None:
-        for operation in operations:
-            if isinstance(operation, TimerSet):
-                self.timers[operation.key] = operation.deadline_ms
-            elif isinstance(operation, TimerClearGroup):
-                for key in [key for key in self.timers if key[1] == operation.group_id]:
-                    del self.timers[key]
-            else:
-                self.timers.pop(operation.key, None)
 
 
 def _state(core: GroupCoordinator) -> Any:
