@@ -295,3 +295,83 @@ def test_a_rejoin_whose_allocation_differs_only_in_what_it_was_told_moves_nothin
                      client_id="w")
     assert isinstance(again, JoinAnswer) and again.error == E.NONE
     assert ctx.core.store.groups["g"].epoch == epoch
+
+
+class RememberingWorker(ClassicWorker):
+    """A worker that keeps Connect's leader bookkeeping: the generation of the last round
+    it completed (JoinGroup then SyncGroup) and the one in which it last assigned. Connect's
+    assignor keeps its view of the previous assignment (what holds a departed worker's
+    units back) only while the two are the same; otherwise it starts from scratch and
+    revokes from the others. It rejoins at once after revoking, as Connect does."""
+
+    def __init__(self, ctx: ClassicContext, name: str) -> None:
+        super().__init__(ctx, name)
+        self.completed = -1
+        self.assigned_in: int | None = None
+        self.forgot: list[tuple[int, int]] = []  # (assigned in, completed) when asked again
+
+    def step(self) -> None:
+        while True:
+            self._round()
+            if not self.rejoin:
+                return
+
+    def _round(self) -> None:
+        ctx = self.ctx
+        if not self.rejoin:
+            code = ctx.heartbeat(self.member_id, self.generation)
+            if code == E.NONE:
+                return
+            if code == E.UNKNOWN_MEMBER_ID:
+                self.member_id = ""
+        protocols = (("sessioned", self.metadata()),)
+        answer = ctx.join(self.member_id, protocols=protocols, client_id=self.name)
+        assert isinstance(answer, JoinAnswer)
+        if answer.error == E.MEMBER_ID_REQUIRED:
+            self.member_id = answer.member_id
+            answer = ctx.join(self.member_id, protocols=protocols, client_id=self.name)
+            assert isinstance(answer, JoinAnswer)
+        assert answer.error == E.NONE, answer
+        assignments: dict[str, bytes] = {}
+        if answer.leader == self.member_id:
+            if self.assigned_in is not None and self.assigned_in != self.completed:
+                self.forgot.append((self.assigned_in, self.completed))
+            self.assigned_in = answer.generation
+            owned = {}
+            for member in answer.members:
+                allocation = decode_worker_metadata(member.metadata).allocation
+                owned[member.member_id] = allocation.assigned if allocation else frozenset()
+            assignments = {m: encode_assignment(a) for m, a in cooperative(owned).items()}
+        self.generation = answer.generation
+        synced = ctx.sync(self.member_id, answer.generation, assignments=assignments)
+        assert isinstance(synced, SyncAnswer)
+        if synced.error != E.NONE:
+            self.rejoin = True
+            return
+        self.completed = answer.generation
+        told = decode_assignment(synced.assignment)
+        self.held = (self.held - told.revoked) | told.assigned
+        self.rejoin = bool(told.revoked)
+
+
+def test_the_chosen_worker_completes_no_round_in_which_it_does_not_assign() -> None:
+    """Connect's leader must assign in every round it completes, or it forgets the
+    previous assignment: a follower's bounce then moves tasks on the workers that stayed.
+    With the default assignment interval, as the real workers meet it."""
+    ctx = ClassicContext(classic_group_type="connect")
+    ctx.apply(ctx.core.put_connector("g", "A", 3, ctx.now))
+    ctx.apply(ctx.core.put_connector("g", "B", 2, ctx.now))
+    workers = [RememberingWorker(ctx, f"w{n}") for n in (1, 2, 3)]
+    run(ctx, workers, 20)
+    assert frozenset().union(*(w.held for w in workers)) == UNITS
+    group = ctx.core.store.groups["g"]
+    leader = next(w for w in workers if w.member_id == group.chosen_member)
+    follower = next(w for w in workers if w is not leader)
+    ctx.leave((follower.member_id, None))  # a follower bounces: it leaves...
+    workers.remove(follower)
+    run(ctx, workers, 3)
+    workers.append(RememberingWorker(ctx, "w4"))  # ...and comes back as a new member
+    run(ctx, workers, 20)
+    assert leader.assigned_in is not None
+    assert leader.forgot == [], "the leader completed rounds in which it did not assign"
+    no_double_holding(workers, {})
