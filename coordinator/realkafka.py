@@ -57,6 +57,8 @@ logger.jetty.name = org.eclipse.jetty
 logger.jetty.level = warn
 logger.reflections.name = org.reflections
 logger.reflections.level = error
+logger.assignor.name = org.apache.kafka.connect.runtime.distributed.IncrementalCooperativeAssignor
+logger.assignor.level = debug
 """
 
 

@@ -275,11 +275,14 @@ class GroupCoordinator:
         return member.metadata.rebalance_timeout_ms if member.metadata else 60_000
 
     # ------------------------------------------------------------------ heartbeat
-    def heartbeat(self, request: ConnectGroupHeartbeatRequest, now_ms: int
-                  ) -> Result[ConnectGroupHeartbeatResponse]:
+    def heartbeat(self, request: ConnectGroupHeartbeatRequest, now_ms: int, *,
+                  compute_now: bool = False) -> Result[ConnectGroupHeartbeatResponse]:
+        """`compute_now`: a chosen worker that must compute a pending assignment is told
+        so even inside the assignment interval (a classic leader's JoinGroup: the only
+        moment it can assign in its round)."""
         change = _Change(self.store)
         try:
-            response = self._heartbeat(request, now_ms, change)
+            response = self._heartbeat(request, now_ms, change, compute_now)
             self._maybe_downgrade(change, now_ms)
         except ApiError as error:
             response = ConnectGroupHeartbeatResponse(
@@ -293,7 +296,7 @@ class GroupCoordinator:
         return change.result(response)
 
     def _heartbeat(
-        self, request: Any, now_ms: int, change: _Change
+        self, request: Any, now_ms: int, change: _Change, compute_now: bool = False
     ) -> ConnectGroupHeartbeatResponse:
         owned = validate_heartbeat(request)
         epoch = request.member_epoch
@@ -372,7 +375,8 @@ class GroupCoordinator:
                 version=part.version if part else after.version,
                 metadata=part.metadata if part else after.metadata,
             )
-        return self._response(group, member, after.epoch, assignment, now_ms, change)
+        return self._response(group, member, after.epoch, assignment, now_ms, change,
+                              compute_now)
 
     def _response(
         self,
@@ -382,13 +386,14 @@ class GroupCoordinator:
         assignment: Assignment | None,
         now_ms: int = 0,
         change: _Change | None = None,
+        compute_now: bool = False,
     ) -> ConnectGroupHeartbeatResponse:
         error_code = ErrorCode.NONE
         message = None
         if (
             member is not None
             and change is not None
-            and self._should_compute(group, member, now_ms)
+            and self._should_compute(group, member, now_ms, compute_now)
         ):
             error_code = ErrorCode.COMPUTE_ASSIGNMENT
             message = (
@@ -865,12 +870,13 @@ class GroupCoordinator:
             group.compute_requested_ms = None
             change.event("assignor_worker_chosen", group, chosen, assignor=assignor)
 
-    def _should_compute(self, group: Group, member: Member, now_ms: int) -> bool:
+    def _should_compute(self, group: Group, member: Member, now_ms: int,
+                        now: bool = False) -> bool:
         if group.chosen_member != member.member_id or group.epoch <= group.assignment_epoch:
             return False
         if self._group_mode(group)[0] != CLIENT_MODE:
             return False
-        return self._interval_left(group, now_ms) == 0
+        return now or self._interval_left(group, now_ms) == 0
 
     def _offload(self, group: Group) -> bool:
         override = group.config.assignor_offload_enable

@@ -23,9 +23,10 @@ E = ErrorCode
 UNITS = units_of({"A": 3, "B": 2})
 
 
-def cooperative(owned: dict[str, frozenset[Unit]]) -> dict[str, ConnectAssignment]:
+def cooperative(owned: dict[str, frozenset[Unit]], leader: str = ""
+                ) -> dict[str, ConnectAssignment]:
     """Connect's incremental cooperative rule, simply: keep up to a fair share, revoke the
-    rest, grant only units nobody holds."""
+    rest, grant only units nobody holds; each member's part names the leader."""
     members = sorted(owned)
     base, extra = divmod(len(UNITS), len(members))
     share = {m: base + (i < extra) for i, m in enumerate(members)}
@@ -36,7 +37,8 @@ def cooperative(owned: dict[str, frozenset[Unit]]) -> dict[str, ConnectAssignmen
         keep = frozenset(sorted(owned[member])[:share[member]])
         room = share[member] - len(keep)
         granted, free = frozenset(free[:room]), free[room:]
-        plan[member] = ConnectAssignment(2, assigned=granted, revoked=owned[member] - keep)
+        plan[member] = ConnectAssignment(2, leader=leader, assigned=granted,
+                                         revoked=owned[member] - keep)
     return plan
 
 
@@ -84,7 +86,8 @@ class ClassicWorker:
                 metadata = decode_worker_metadata(member.metadata)
                 owned[member.member_id] = metadata.allocation.assigned \
                     if metadata.allocation else frozenset()
-            assignments = {m: encode_assignment(a) for m, a in cooperative(owned).items()}
+            assignments = {m: encode_assignment(a)
+                           for m, a in cooperative(owned, self.member_id).items()}
         synced = ctx.sync(self.member_id, self.generation, assignments=assignments)
         assert isinstance(synced, SyncAnswer)
         if synced.error != E.NONE:
@@ -277,7 +280,9 @@ def test_workers_of_an_empty_config_topic_are_told_its_offset_minus_one() -> Non
 def test_a_rejoin_whose_allocation_differs_only_in_what_it_was_told_moves_nothing() -> None:
     """Connect's metadata carries its whole last assignment as its allocation (leader,
     offset, revoked units, delay): only the units it runs are what it owns. A rejoin that
-    differs in the rest is no new metadata, or every told delay would start a round."""
+    differs in the rest is no new metadata, or every told delay would start a round.
+    (This worker is the group's only one, so the one that assigns: its rejoin starts a
+    round all the same, with a new reason; its metadata stays what it was.)"""
     ctx = ClassicContext(classic_group_type="connect", assignment_interval_ms=0)
     runs = units_of({"A": 1})
 
@@ -290,11 +295,18 @@ def test_a_rejoin_whose_allocation_differs_only_in_what_it_was_told_moves_nothin
     assert isinstance(joined, JoinAnswer)
     ctx.sync(member, joined.generation, assignments={member: encode_assignment(
         ConnectAssignment(2, leader=member, config_offset=3))})
-    epoch = ctx.core.store.groups["g"].epoch
+    group = ctx.core.store.groups["g"]
+
+    def assignor_metadata() -> bytes:
+        known = group.members[member].metadata
+        assert known is not None
+        return known.client_assignors[0].metadata
+
+    before = assignor_metadata()
     again = ctx.join(member, protocols=(("sessioned", metadata(57_000, member)),),
                      client_id="w")
     assert isinstance(again, JoinAnswer) and again.error == E.NONE
-    assert ctx.core.store.groups["g"].epoch == epoch
+    assert assignor_metadata() == before
 
 
 class RememberingWorker(ClassicWorker):
@@ -341,7 +353,8 @@ class RememberingWorker(ClassicWorker):
             for member in answer.members:
                 allocation = decode_worker_metadata(member.metadata).allocation
                 owned[member.member_id] = allocation.assigned if allocation else frozenset()
-            assignments = {m: encode_assignment(a) for m, a in cooperative(owned).items()}
+            assignments = {m: encode_assignment(a)
+                           for m, a in cooperative(owned, self.member_id).items()}
         self.generation = answer.generation
         synced = ctx.sync(self.member_id, answer.generation, assignments=assignments)
         assert isinstance(synced, SyncAnswer)

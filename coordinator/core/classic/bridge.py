@@ -217,7 +217,9 @@ class ClassicBridge:
                 request.protocols, self._reason(group, known, previous, now_ms)),
             owned_connectors_and_tasks=units_to_wire(allocation) if known is not None
             else None)
-        result = self.core.heartbeat(heartbeat, now_ms)
+        # A JoinGroup is the chosen worker's only moment to assign in its round: it is
+        # asked to whenever an assignment is pending, the assignment interval or not.
+        result = self.core.heartbeat(heartbeat, now_ms, compute_now=True)
         results.append(result)
         code = ErrorCode(result.response.error_code)
         if code not in (ErrorCode.NONE, ErrorCode.COMPUTE_ASSIGNMENT):
@@ -255,16 +257,27 @@ class ClassicBridge:
     @classmethod
     def _reason(cls, group: Any, known: Any, bridged: ClassicBridgeMemberValue | None,
                 now_ms: int) -> int:
-        """The reason its client assignors carry. A worker told a `delay` rejoins when it
-        is over, for its leader to hand out the units it held back: a broker takes that
-        JoinGroup as a new rebalance, so here such a rejoin, not asked for by the
-        coordinator (the group settled at the member's epoch), gets a new reason: new
-        assignor metadata, the group epoch rises and the chosen worker assigns again.
+        """The reason its client assignors carry. A new reason is new assignor metadata:
+        the group epoch rises and the chosen worker assigns again. Two rejoins get one:
+
+        - the chosen worker's, when no assignment is pending: Connect's assignor keeps
+          its previous assignment (what holds a departed worker's units back for its
+          scheduled delay) only while the worker assigned in every round it completed,
+          as a broker's leader does; a round it completed without assigning would make
+          it forget and rebalance from scratch, revoking from the others;
+        - a worker's rejoin when the `delay` it was told is over, for its leader to hand
+          out the units it held back (a broker takes that JoinGroup as a new rebalance),
+          when the coordinator did not ask for it (the group settled at its epoch).
+
         Otherwise the reason stays (any other change of metadata moves the epoch
         anyway)."""
         if known is None or known.metadata is None:
             return 0
         reason = max((a.reason for a in known.metadata.client_assignors), default=0)
+        if group.epoch == group.assignment_epoch and (
+                group.chosen_member == known.member_id
+                or group.chosen_member is None and cls._ran_last_assignment(group, known)):
+            return reason % MAX_REASON + 1
         current = known.current
         settled = (
             bridged is not None
@@ -273,6 +286,19 @@ class ClassicBridge:
         if settled and cls._delay_left(group, known.member_id, now_ms) == 1:
             return reason % MAX_REASON + 1
         return reason
+
+    @staticmethod
+    def _ran_last_assignment(group: Any, member: Any) -> bool:
+        """Whether the member is the worker that computed the group's current target: the
+        leader its own part of it names (durable, unlike the engine's choice of worker,
+        which a restart forgets)."""
+        part = group.target.get(member.member_id)
+        if part is None or not part.metadata:
+            return False
+        try:
+            return bool(decode_assignment(part.metadata).leader == member.member_id)
+        except ConnectProtocolError:
+            return False
 
     @staticmethod
     def _own_session(result: Result[Any], group_id: str, member_id: str, timeout_ms: int,
@@ -464,12 +490,19 @@ class ClassicBridge:
             error = ErrorCode(code)
             return _merge([beat], HeartbeatAnswer(_JOIN_ERRORS.get(error, error)))
         member = group.members[request.member_id]
+        current = member.current
+        # The chosen worker's SyncGroup that installed an assignment told it its part: at
+        # that target with nothing to release it has nothing to learn from a rejoin, and a
+        # rejoin would be a round in which it does not assign (see `_reason`). So its
+        # new epoch alone does not call it back.
         must_rejoin = (
             code == ErrorCode.COMPUTE_ASSIGNMENT
-            or member.current.epoch != bridged.told_epoch
-            or member.current.epoch != request.generation
-            or member.current.state is MemberState.UNREVOKED
-            or member.current.assigned != self._told(bridged.told)
+            or current.state is MemberState.UNREVOKED
+            or current.assigned != self._told(bridged.told)
+            or ((current.epoch != bridged.told_epoch or current.epoch != request.generation)
+                and not (current.epoch == group.assignment_epoch
+                         and current.state is MemberState.STABLE
+                         and self._ran_last_assignment(group, member)))
         )
         return _merge([beat], HeartbeatAnswer(
             ErrorCode.REBALANCE_IN_PROGRESS if must_rejoin else ErrorCode.NONE))
