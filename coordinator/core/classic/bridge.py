@@ -289,9 +289,9 @@ class ClassicBridge:
 
     @staticmethod
     def _ran_last_assignment(group: Any, member: Any) -> bool:
-        """Whether the member is the worker that computed the group's current target: the
-        leader its own part of it names (durable, unlike the engine's choice of worker,
-        which a restart forgets)."""
+        """Whether the member computed the group's current target, as the leader its own
+        part of it names says: the engine's choice of worker is forgotten by a restart,
+        this is not."""
         part = group.target.get(member.member_id)
         if part is None or not part.metadata:
             return False
@@ -502,7 +502,8 @@ class ClassicBridge:
             or ((current.epoch != bridged.told_epoch or current.epoch != request.generation)
                 and not (current.epoch == group.assignment_epoch
                          and current.state is MemberState.STABLE
-                         and self._ran_last_assignment(group, member)))
+                         and (group.chosen_member == member.member_id
+                              or self._ran_last_assignment(group, member))))
         )
         return _merge([beat], HeartbeatAnswer(
             ErrorCode.REBALANCE_IN_PROGRESS if must_rejoin else ErrorCode.NONE))

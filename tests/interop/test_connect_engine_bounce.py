@@ -1,0 +1,62 @@
+"""A follower bounce of three real Connect workers whose group is on the connect engine
+(`group.connect.classic.group.type=connect`: the workers bridged): the workers that were
+not bounced must neither stop nor start a task. Connect's leader holds the departed
+worker's tasks back for its scheduled delay and then hands them to the returning worker,
+as it does on a broker, only if it keeps its view of the previous assignment: it keeps it
+while it assigned in every round it completed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from bench.bounce import TASKS, bounce, connect_leader, pick
+from coordinator.realkafka import (
+    VERIFIABLE_SINK,
+    VERIFIABLE_SOURCE,
+    Broker,
+    all_running,
+    start_coordinator,
+    start_workers,
+    wait_for,
+)
+from tests.interop.checks import assert_no_task_on_two_workers
+
+# Short enough for a test; the bounced worker is back well before it ends.
+SCHEDULED_DELAY_MS = 15_000
+
+
+def test_a_follower_bounce_moves_no_task_on_the_other_workers(
+        kafka_broker: Broker, tmp_path: Path, processes: list[Any]) -> None:
+    coordinator = start_coordinator(tmp_path / "coordinator", kafka_broker.bootstrap,
+                                    "owned-.*",
+                                    extra=["--set", "group.connect.classic.group.type=connect"])
+    processes.append(coordinator)
+    group = "owned-engine-bounce"
+    workers = start_workers(tmp_path, 3, coordinator.bootstrap, group, processes, overrides={
+        "scheduled.rebalance.max.delay.ms": SCHEDULED_DELAY_MS})
+    topic = "engine-bounce"
+    workers[0].rest("POST", "/connectors", {"name": "source", "config": {
+        "connector.class": VERIFIABLE_SOURCE, "tasks.max": str(TASKS["source"]),
+        "topic": topic, "throughput": "20"}})
+    workers[0].rest("POST", "/connectors", {"name": "sink", "config": {
+        "connector.class": VERIFIABLE_SINK, "tasks.max": str(TASKS["sink"]),
+        "topics": topic}})
+    for name, count in TASKS.items():
+        wait_for(lambda name=name, count=count: all_running(workers[0], name, count), 120,
+                 f"every task of {name} RUNNING")
+    assert coordinator.admin(f"/groups/{group}")["type"] == "connect"
+    wait_for(lambda: connect_leader(workers) is not None, 30, "a leader named in the logs")
+    index = pick(workers, 0, "follower")
+    leader = connect_leader(workers)
+    assert leader is not None and leader != index
+    leader_log = workers[leader].process.log_path
+    logged_before = len(leader_log.read_text())
+    result = bounce(workers, index, settle_s=3.0, timeout_s=SCHEDULED_DELAY_MS / 1000 + 60)
+    processes.append(workers[index])  # the bounced worker's new process
+    assert (result.stopped, result.started) == (0, 0), result.moved
+    # Connect's leader kept its view of the previous assignment through the bounce (it
+    # logs this at debug level, which the workers' logs keep for its assignor).
+    assert "Clearing the view of previous assignments" not in \
+        leader_log.read_text()[logged_before:]
+    assert_no_task_on_two_workers(workers, {})
