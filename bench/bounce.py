@@ -138,9 +138,27 @@ def pick(workers: list[Worker], number: int, which: str) -> int:
     return followers[number % len(followers)]
 
 
+def _running_tasks(worker: Worker) -> set[str]:
+    """The tasks whose last run in the worker's log has not ended."""
+    return {task for task, runs in task_intervals(worker.process.log_text(), [],
+                                                  math.inf).items()
+            if runs and runs[-1][1] == math.inf}
+
+
+def _started_again(workers: list[Worker], tasks: set[str], since: float) -> bool:
+    """Whether each of `tasks` began a run after `since` in one of the workers' logs."""
+    begun: set[str] = set()
+    for worker in workers:
+        for task, runs in task_intervals(worker.process.log_text(), [], math.inf).items():
+            if any(start >= since for start, _ in runs):
+                begun.add(task)
+    return tasks <= begun
+
+
 def bounce(workers: list[Worker], index: int, settle_s: float, timeout_s: float) -> Bounce:
     others = [worker for position, worker in enumerate(workers) if position != index]
     watcher = others[0]
+    moving = _running_tasks(workers[index])
     began = time.time()
     workers[index].stop()
     workers[index] = restart_worker(workers[index], wait=False)
@@ -151,8 +169,12 @@ def bounce(workers: list[Worker], index: int, settle_s: float, timeout_s: float)
                  interval_s=0.1)
     except TimeoutError:
         pass
-    wait_for(lambda: _every_task_running(watcher), timeout_s,
-             "every connector and task RUNNING after the bounce", interval_s=0.25)
+    # On a busy machine the status topic can lag past that wait, and a status read from
+    # before the bounce would end it at once: every task the bounced worker ran must also
+    # have started again somewhere (its log or the others').
+    wait_for(lambda: _every_task_running(watcher)
+             and _started_again(workers, moving, began - 1),
+             timeout_s, "every connector and task RUNNING after the bounce", interval_s=0.25)
     seconds = time.time() - began
     time.sleep(settle_s)  # stops and starts that follow the moment all ran count too
     wait_answering(workers[index])
