@@ -24,6 +24,12 @@ prepare, install), so revoke-before-assign, fencing and durability are the engin
 - Heartbeat answers REBALANCE_IN_PROGRESS when the member must rejoin to make progress:
   it must release units, a newer epoch waits for it, what it may run changed, or it was
   chosen to compute the assignment.
+- The chosen worker assigns in every round it completes, as a broker's leader does:
+  Connect's assignor forgets its previous assignment (and the delay that holds a
+  departed worker's units back) after a round it completed without assigning. So its
+  JoinGroup computes a pending assignment inside the assignment interval, any other
+  JoinGroup of it starts a new one (a new reason), and the epoch its own install moved
+  it to does not call it back.
 - LeaveGroup is a leave (epoch -1; -2 for a static member, which keeps its units for its
   session).
 
