@@ -197,6 +197,9 @@ class GroupCoordinator:
         self.classic = ClassicEngine(config, self.store.classic,
                                      other_type=lambda group_id: group_id in self.store.groups)
         self.classic.bridge = ClassicBridge(self, self.store.classic)
+        self.classic.connect_records = self.store  # (replays both types' records)
+        self.classic.connect_gives_way = self.gives_way
+        self.classic.connect_give_way = self.give_way
 
     # ------------------------------------------------------------------ records
     def replay(self, record: Record) -> None:
@@ -1572,6 +1575,7 @@ class GroupCoordinator:
         group gives way), `classic` an empty classic group (an empty connect group without
         connectors gives way), so that the first classic worker to join finds the type
         already chosen whatever the server's `group.connect.classic.group.type`."""
+        original = body
         if CLASSIC_GROUP_TYPE_KEY in body:
             kind = body[CLASSIC_GROUP_TYPE_KEY]
             body = {key: value for key, value in body.items() if key != CLASSIC_GROUP_TYPE_KEY}
@@ -1607,9 +1611,12 @@ class GroupCoordinator:
             )
         change = _Change(self.store)
         group = self._group_or_create(group_id, change)
-        if config != group.config:
+        # The type set to connect is a configuration record too, even with every setting
+        # at its default: it keeps the group connect once it is empty (`gives_way`).
+        typed = CLASSIC_GROUP_TYPE_KEY in original and not group.configured
+        if config != group.config or typed:
             change.write(configuration_record(group_id, config))
-            change.event("group_config_set", group, None, config=body)
+            change.event("group_config_set", group, None, config=dict(original))
         self._note_idleness(group, change, now_ms)
         return change.result({"group": group_id, "config": _group_config_view(config)})
 
@@ -1630,7 +1637,29 @@ class GroupCoordinator:
         return change.result({"group": group_id, "config": {CLASSIC_GROUP_TYPE_KEY: "classic"}})
 
     def group_config(self, group_id: str) -> dict[str, Any]:
-        return _group_config_view(self._existing_group(group_id).config)
+        group = self._existing_group(group_id)
+        # The type, when set: through the type itself or any other setting (below).
+        return {**_group_config_view(group.config),
+                CLASSIC_GROUP_TYPE_KEY: "connect" if group.configured else None}
+
+    def gives_way(self, group_id: str) -> bool:
+        """Whether the connect group `group_id` becomes a classic group for a new classic
+        member: it is empty, the server's `group.connect.classic.group.type` is `classic`,
+        and the admin API set neither its settings nor its connectors (its type set to
+        `connect` is a setting; a classic group could run neither)."""
+        group = self.store.groups.get(group_id)
+        return (group is not None and not group.members and not group.configured
+                and group.units_source == "installs"
+                and self.config.classic_group_type == "classic")
+
+    def give_way(self, group_id: str, change: Any) -> None:
+        """The records that delete the connect group a classic member takes (`gives_way`),
+        written into `change`, the classic join's; its timers are cleared."""
+        group = self.store.groups[group_id]
+        change.events.append(Event("group_deleted", group_id, None, {
+            "group_epoch": group.epoch, "assignment_epoch": group.assignment_epoch,
+            "group_type": "connect", "reason": "classic_member_joined"}))
+        self._delete(group, change)
 
     def effective_group_config(self, group_id: str) -> dict[str, Any]:
         """The values the group runs with: its overrides, else the server's defaults."""

@@ -175,6 +175,10 @@ class Group:
     owners: dict[Unit, str] = field(default_factory=dict)  # unit -> member that holds it
     unreconciled: set[str] = field(default_factory=set)
     config: GroupConfig = field(default_factory=GroupConfig)
+    # Whether the group's log holds a configuration record: its settings (or its type,
+    # `connect.classic.group.type=connect`) were set through the admin API, which keeps it
+    # a connect group when it is empty or left with classic members only.
+    configured: bool = False
     # When the server-side assignor asked to run again (held-back units are released then),
     # and when the group, empty and without connectors, is deleted (both durable).
     rerun_at_ms: int | None = None
@@ -400,7 +404,8 @@ class GroupStore:
                 )
             case ConnectGroupConfigurationKey():
                 group = self.groups.get(key.group_id)
-                return configuration_record(key.group_id, group.config if group else None)
+                configured = group is not None and group.configured
+                return configuration_record(key.group_id, group.config if configured else None)
             case ConnectGroupDeadlinesKey():
                 group = self.groups.get(key.group_id)
                 if group is None:
@@ -484,6 +489,7 @@ class GroupStore:
 
     def _replay_configuration(self, key: ConnectGroupConfigurationKey, value: object) -> None:
         group = self.group(key.group_id)
+        group.configured = value is not None
         if value is None:
             group.config = GroupConfig()
         else:
