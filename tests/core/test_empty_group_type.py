@@ -155,3 +155,17 @@ def test_an_empty_classic_group_becomes_connect_for_a_new_protocol_joiner() -> N
 def ctx_request(ctx: ClassicContext) -> JoinRequest:
     return JoinRequest("g", "", "connect", (("sessioned", METADATA),), 10_000, 30_000,
                        None, "c", "127.0.0.1")
+
+
+def test_a_group_set_to_connect_is_not_downgraded_when_classic_members_remain() -> None:
+    ctx = ClassicContext(assignment_interval_ms=0)
+    ctx.apply(ctx.core.set_group_config("g", {KEY: "connect"}, ctx.now))
+    workers: list[ClassicWorker | NewWorker] = [ClassicWorker(ctx, f"w{i}") for i in (1, 2)]
+    newcomer = NewWorker(ctx, "n1")
+    workers.append(newcomer)
+    run(ctx, workers)
+    newcomer.leave()
+    workers.remove(newcomer)
+    assert "g" in ctx.core.store.groups and "g" not in ctx.engine.store.groups
+    run(ctx, workers)  # the classic workers stay bridged and take the units back
+    assert frozenset().union(*(w.held for w in workers)) == UNITS
