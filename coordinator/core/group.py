@@ -404,8 +404,8 @@ class GroupStore:
                 )
             case ConnectGroupConfigurationKey():
                 group = self.groups.get(key.group_id)
-                configured = group is not None and group.configured
-                return configuration_record(key.group_id, group.config if configured else None)
+                return configuration_record(
+                    key.group_id, group.config if group is not None and group.configured else None)
             case ConnectGroupDeadlinesKey():
                 group = self.groups.get(key.group_id)
                 if group is None:

@@ -4,6 +4,8 @@ every start and stop: no unit may ever run on two workers at once."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import trio
 
@@ -110,6 +112,14 @@ async def test_classic_and_new_protocol_workers_share_a_connect_group() -> None:
     assert registry.overlaps() == []
 
 
+async def until(condition: Callable[[], bool], timeout_s: float = 10) -> None:
+    with trio.fail_after(timeout_s):
+        while True:
+            if condition():
+                return
+            await trio.sleep(0.05)
+
+
 async def test_classic_workers_get_a_classic_group_once_new_protocol_workers_left() -> None:
     """An empty group takes the type of its next joiner: the connect group its only
     new-protocol worker left becomes a classic group for the classic workers (the
@@ -126,13 +136,9 @@ async def test_classic_workers_get_a_classic_group_once_new_protocol_workers_lef
                      assignors=[IncrementalCooperativeAssignor(300)],
                      request_timeout_ms=2_000, name="n1")
         await nursery.start(new.run)
-        with trio.fail_after(10):
-            while not (G in core.store.groups and core.store.groups[G].members):
-                await trio.sleep(0.05)
+        await until(lambda: G in core.store.groups and bool(core.store.groups[G].members))
         new.shutdown()
-        with trio.fail_after(10):
-            while core.store.groups[G].members:
-                await trio.sleep(0.05)
+        await until(lambda: not core.store.groups[G].members)
         assert G not in core.store.classic.groups  # an empty connect group
         workers = [classic(f"c{i}", server.kafka_port, registry) for i in (1, 2)]
         for worker in workers:
