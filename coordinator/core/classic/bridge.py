@@ -311,10 +311,7 @@ class ClassicBridge:
             if assignor == EAGER and "default" in names:
                 return "default"
             if assignor == INCREMENTAL_COOPERATIVE:
-                lowest_top = min(
-                    (max((a.maximum_version for a in m.metadata.client_assignors
-                          if a.name == INCREMENTAL_COOPERATIVE), default=2)
-                     for m in group.members.values() if m.metadata is not None), default=2)
+                lowest_top = self.core.lowest_top_version(group, INCREMENTAL_COOPERATIVE, 2)
                 for name in names:
                     if 1 <= PROTOCOL_VERSIONS[name] <= lowest_top:
                         return name
