@@ -1,8 +1,10 @@
-"""The group's assignment mode and assignor, and whether a worker's client assignor range
-covers everyone's, are worked out over the members once per change of their assignor
-choices, not at every classic rejoin: a classic worker's rejoin with a new allocation
-changes its metadata bytes only. The choice read from the cache is always the one a fresh
-look at every member gives."""
+"""What a bridged request costs does not grow with its group where nothing changed: the
+group's assignment mode and assignor, and whether a worker's client assignor range covers
+everyone's, are worked out over the members once per change of their assignor choices,
+not at every classic rejoin (a rejoin with a new allocation changes metadata bytes only);
+a SyncGroup's answer names the group's Connect leader and highest config offset without
+decoding every member's metadata. What the caches give is always what a fresh look at
+every member gives."""
 
 from __future__ import annotations
 
@@ -89,3 +91,30 @@ def test_a_changed_range_or_a_departure_is_looked_at_again() -> None:
     ctx.restart()  # derived again from the replayed records
     group = ctx.core.store.groups["g"]
     assert ctx.core._group_choice(group) == fresh_choice(ctx)
+
+
+def test_sync_group_answers_do_not_decode_every_members_metadata(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from coordinator.core.classic import bridge as bridge_module
+    from coordinator.core.classic.engine import SyncAnswer, SyncRequest
+
+    ctx = ClassicContext(assignment_interval_ms=0)
+    members = bridged_group(ctx)
+    group = ctx.core.store.groups["g"]
+    expected = ctx.engine.bridge._connect_leader("g")
+    decoded: list[bytes] = []
+    decode = bridge_module.decode_worker_metadata
+    monkeypatch.setattr(bridge_module, "decode_worker_metadata",
+                        lambda data: decoded.append(data) or decode(data))
+    for member_id in members:
+        answer = ctx.apply(ctx.engine.sync(SyncRequest(
+            "g", member_id, group.members[member_id].current.epoch), ctx.now))
+        assert isinstance(answer, SyncAnswer) and answer.error == E.NONE, answer
+    assert decoded == []
+    assert ctx.engine.bridge._connect_leader("g") == expected
+    # A member's new config offset is seen at once.
+    rejoin_with_offset = encode_worker_metadata(WorkerMetadata(2, "http://w3", 7))
+    answer = ctx.join(members[3], protocols=(("sessioned", rejoin_with_offset),),
+                      client_id="w3")
+    assert isinstance(answer, JoinAnswer) and answer.error == E.NONE, answer
+    assert ctx.engine.bridge._connect_leader("g")[2] == 7
