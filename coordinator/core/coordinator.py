@@ -197,6 +197,9 @@ class GroupCoordinator:
         self.classic = ClassicEngine(config, self.store.classic,
                                      other_type=lambda group_id: group_id in self.store.groups)
         self.classic.bridge = ClassicBridge(self, self.store.classic)
+        self.classic.connect_records = self.store  # (replays both types' records)
+        self.classic.connect_gives_way = self.gives_way
+        self.classic.connect_give_way = self.give_way
 
     # ------------------------------------------------------------------ records
     def replay(self, record: Record) -> None:
@@ -670,15 +673,23 @@ class GroupCoordinator:
             )
         if request.client_assignors is None:
             return
-        metadata = (
-            {m.member_id: m.metadata for m in group.members.values() if m.metadata is not None}
-            if group
-            else {}
-        )
-        old = metadata.get(member_id)
-        metadata[member_id] = self._metadata_from(old, request)
-        mode, name = self._select_mode(metadata)
-        if mode == CLIENT_MODE and _covering_members(metadata, name) == []:
+        member = group.members.get(member_id) if group is not None else None
+        old = member.metadata if member is not None else None
+        new = self._metadata_from(old, request)
+        if group is not None and old is not None and old.same_assignor_choice(new):
+            # The group's choice and who covers it read nothing else of this member.
+            mode, name, covered = self._group_choice(group)
+        else:
+            metadata = (
+                {m.member_id: m.metadata for m in group.members.values()
+                 if m.metadata is not None}
+                if group
+                else {}
+            )
+            metadata[member_id] = new
+            mode, name = self._select_mode(metadata)
+            covered = mode != CLIENT_MODE or _covering_members(metadata, name) != []
+        if not covered:
             raise ApiError(
                 ErrorCode.UNSUPPORTED_ASSIGNOR,
                 f"no worker's version range for client assignor {name!r} covers "
@@ -820,14 +831,46 @@ class GroupCoordinator:
         return SERVER_MODE, configured[0]
 
     def _group_mode(self, group: Group) -> tuple[str, str]:
-        cached = group.mode_cache
-        if cached is not None and cached[0] == group.metadata_changes:
-            return cached[1], cached[2]
-        mode, name = self._select_mode(
-            {m.member_id: m.metadata for m in group.members.values() if m.metadata is not None}
-        )
-        group.mode_cache = (group.metadata_changes, mode, name)
+        mode, name, _covered = self._group_choice(group)
         return mode, name
+
+    def _group_choice(self, group: Group) -> tuple[str, str, bool]:
+        """The group's assignment mode and assignor, and whether some member's version
+        range for a client assignor covers everyone's: computed over the members once per
+        change of their assignor choices (a classic worker's rejoin with a new allocation
+        is new metadata, not a new choice: in a group of 1,000 each rejoin would otherwise
+        go over every member, three times)."""
+        mode, name, covering = self._cached_choice(group)
+        return mode, name, mode != CLIENT_MODE or bool(covering)
+
+    def _cached_choice(self, group: Group) -> tuple[str, str, tuple[str, ...]]:
+        """`_group_choice`, with the members covering a client assignor's ranges."""
+        cached = group.mode_cache
+        if cached is not None and cached[0] == group.assignor_changes:
+            return cached[1], cached[2], cached[3]
+        metadata = {
+            m.member_id: m.metadata for m in group.members.values() if m.metadata is not None
+        }
+        mode, name = self._select_mode(metadata)
+        covering = tuple(_covering_members(metadata, name)) if mode == CLIENT_MODE else ()
+        group.mode_cache = (group.assignor_changes, mode, name, covering)
+        return mode, name, covering
+
+    def lowest_top_version(self, group: Group, assignor: str, default: int) -> int:
+        """The lowest of the members' highest versions of client assignor `assignor`
+        (`default` for a member that does not list it, and for a group without members):
+        worked out once per change of the members' assignor choices, as `_group_choice`."""
+        key = (group.assignor_changes, assignor, default)
+        cached = group.top_version_cache
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        lowest = min(
+            (max((a.maximum_version for a in m.metadata.client_assignors if a.name == assignor),
+                 default=default)
+             for m in group.members.values() if m.metadata is not None),
+            default=default)
+        group.top_version_cache = (key, lowest)
+        return lowest
 
     def _interval_left(self, group: Group, now_ms: int) -> int:
         """Milliseconds until the assignment interval allows another run (0: now)."""
@@ -854,12 +897,17 @@ class GroupCoordinator:
     def _choose_worker(
         self, group: Group, assignor: str, change: _Change, exclude: str | None
     ) -> None:
-        metadata = {
-            m.member_id: m.metadata
-            for m in group.members.values()
-            if m.metadata is not None and m.current.epoch != STATIC_LEAVE_EPOCH
-        }
-        candidates = _covering_members(metadata, assignor)
+        mode, name, covering = self._cached_choice(group)
+        if (mode == CLIENT_MODE and name == assignor
+                and all(m.current.epoch != STATIC_LEAVE_EPOCH for m in group.members.values())):
+            candidates = list(covering)  # (every epoch bump asks: no need to look again)
+        else:
+            metadata = {
+                m.member_id: m.metadata
+                for m in group.members.values()
+                if m.metadata is not None and m.current.epoch != STATIC_LEAVE_EPOCH
+            }
+            candidates = _covering_members(metadata, assignor)
         if exclude is not None and len(candidates) > 1:
             candidates = [c for c in candidates if c != exclude]
         if group.chosen_member in candidates:
@@ -1578,6 +1626,7 @@ class GroupCoordinator:
         group gives way), `classic` an empty classic group (an empty connect group without
         connectors gives way), so that the first classic worker to join finds the type
         already chosen whatever the server's `group.connect.classic.group.type`."""
+        original = body
         if CLASSIC_GROUP_TYPE_KEY in body:
             kind = body[CLASSIC_GROUP_TYPE_KEY]
             body = {key: value for key, value in body.items() if key != CLASSIC_GROUP_TYPE_KEY}
@@ -1613,9 +1662,12 @@ class GroupCoordinator:
             )
         change = _Change(self.store)
         group = self._group_or_create(group_id, change)
-        if config != group.config:
+        # The type set to connect is a configuration record too, even with every setting
+        # at its default: it keeps the group connect once it is empty (`gives_way`).
+        typed = CLASSIC_GROUP_TYPE_KEY in original and not group.configured
+        if config != group.config or typed:
             change.write(configuration_record(group_id, config))
-            change.event("group_config_set", group, None, config=body)
+            change.event("group_config_set", group, None, config=dict(original))
         self._note_idleness(group, change, now_ms)
         return change.result({"group": group_id, "config": _group_config_view(config)})
 
@@ -1636,7 +1688,29 @@ class GroupCoordinator:
         return change.result({"group": group_id, "config": {CLASSIC_GROUP_TYPE_KEY: "classic"}})
 
     def group_config(self, group_id: str) -> dict[str, Any]:
-        return _group_config_view(self._existing_group(group_id).config)
+        group = self._existing_group(group_id)
+        # The type, when set: through the type itself or any other setting (below).
+        return {**_group_config_view(group.config),
+                CLASSIC_GROUP_TYPE_KEY: "connect" if group.configured else None}
+
+    def gives_way(self, group_id: str) -> bool:
+        """Whether the connect group `group_id` becomes a classic group for a new classic
+        member: it is empty, the server's `group.connect.classic.group.type` is `classic`,
+        and the admin API set neither its settings nor its connectors (its type set to
+        `connect` is a setting; a classic group could run neither)."""
+        group = self.store.groups.get(group_id)
+        return (group is not None and not group.members and not group.configured
+                and group.units_source == "installs"
+                and self.config.classic_group_type == "classic")
+
+    def give_way(self, group_id: str, change: Any) -> None:
+        """The records that delete the connect group a classic member takes (`gives_way`),
+        written into `change`, the classic join's; its timers are cleared."""
+        group = self.store.groups[group_id]
+        change.events.append(Event("group_deleted", group_id, None, {
+            "group_epoch": group.epoch, "assignment_epoch": group.assignment_epoch,
+            "group_type": "connect", "reason": "classic_member_joined"}))
+        self._delete(group, change)
 
     def effective_group_config(self, group_id: str) -> dict[str, Any]:
         """The values the group runs with: its overrides, else the server's defaults."""

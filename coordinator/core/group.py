@@ -77,6 +77,23 @@ class MemberMetadata:
     server_assignor: str | None
     client_assignors: tuple[AssignorInfo, ...]
 
+    def same_assignor_choice(self, other: MemberMetadata) -> bool:
+        """Whether choosing the group's assignor, and the workers whose version range
+        covers everyone's, reads the same from `other`: the server assignor and the client
+        assignors' names, order and ranges (not their reasons or metadata bytes, which a
+        classic worker's every new allocation changes)."""
+        mine, theirs = self.client_assignors, other.client_assignors
+        return (
+            self.server_assignor == other.server_assignor
+            and len(mine) == len(theirs)
+            and all(
+                a.name == b.name
+                and a.minimum_version == b.minimum_version
+                and a.maximum_version == b.maximum_version
+                for a, b in zip(mine, theirs, strict=True)
+            )
+        )
+
     def assignment_inputs_differ(self, other: MemberMetadata) -> bool:
         """Whether a change needs a new target (the protocol's triggers), not just a record."""
         return (
@@ -175,6 +192,10 @@ class Group:
     owners: dict[Unit, str] = field(default_factory=dict)  # unit -> member that holds it
     unreconciled: set[str] = field(default_factory=set)
     config: GroupConfig = field(default_factory=GroupConfig)
+    # Whether the group's log holds a configuration record: its settings (or its type,
+    # `connect.classic.group.type=connect`) were set through the admin API, which keeps it
+    # a connect group when it is empty or left with classic members only.
+    configured: bool = False
     # When the server-side assignor asked to run again (held-back units are released then),
     # and when the group, empty and without connectors, is deleted (both durable).
     rerun_at_ms: int | None = None
@@ -198,8 +219,15 @@ class Group:
     # No member's epoch has ever exceeded this: a target epoch above it leaves every
     # member unreconciled, without looking at each.
     member_epoch_bound: int = 0
-    # (metadata_changes, mode, assignor): the assignment mode follows the members' metadata.
-    mode_cache: tuple[int, str, str] | None = None
+    # Bumped when a member with metadata comes or goes, or its assignor choice changes
+    # (`MemberMetadata.same_assignor_choice`): what the mode cache goes by.
+    assignor_changes: int = 0
+    # (assignor_changes, mode, assignor, covering): the assignment mode follows the
+    # members' assignor choices; `covering`: the members whose client assignor range
+    # covers everyone's (by id).
+    mode_cache: tuple[int, str, str, tuple[str, ...]] | None = None
+    # ((assignor_changes, assignor, default), version): `lowest_top_version`'s answer.
+    top_version_cache: tuple[tuple[int, str, int], int] | None = None
     # What the next server-side run's spec is built from without going over the group.
     spec_cache: SpecCache = field(default_factory=lambda: SpecCache())
     chosen_epoch: int = -1
@@ -260,7 +288,7 @@ class Group:
         self.chosen_epoch = -1
         self.assignor_run = None
         self.retry_after_ms = 0
-        self.mode_cache = None
+        self.mode_cache = self.top_version_cache = None
         self.departed_parts = {member_id: part for member_id, part in self.departed_parts.items()
                                if member_id not in self.members}
         # A new cache starts its versions past the old one's: a packer that holds a spec
@@ -400,7 +428,8 @@ class GroupStore:
                 )
             case ConnectGroupConfigurationKey():
                 group = self.groups.get(key.group_id)
-                return configuration_record(key.group_id, group.config if group else None)
+                return configuration_record(
+                    key.group_id, group.config if group is not None and group.configured else None)
             case ConnectGroupDeadlinesKey():
                 group = self.groups.get(key.group_id)
                 if group is None:
@@ -484,6 +513,7 @@ class GroupStore:
 
     def _replay_configuration(self, key: ConnectGroupConfigurationKey, value: object) -> None:
         group = self.group(key.group_id)
+        group.configured = value is not None
         if value is None:
             group.config = GroupConfig()
         else:
@@ -526,6 +556,8 @@ class GroupStore:
             member = group.members.pop(key.member_id, None)
             if member is None:
                 return
+            if member.metadata is not None:
+                group.assignor_changes += 1
             self.member_total -= 1
             self._release(group, key.member_id, member.current.held)
             group.unreconciled.discard(key.member_id)
@@ -536,7 +568,8 @@ class GroupStore:
         assert isinstance(value, ConnectGroupMemberMetadataValue)
         member = self._member(group, key.member_id)
         group.spec_cache.stale_members.add(key.member_id)
-        old_instance = member.metadata.instance_id if member.metadata else None
+        previous = member.metadata
+        old_instance = previous.instance_id if previous else None
         # Positional arguments: a frozen dataclass takes keywords about a third slower, and
         # start-up replays one of these per member.
         member.metadata = MemberMetadata(
@@ -551,6 +584,8 @@ class GroupStore:
                 for a in value.client_assignors
             ) if value.client_assignors else (),
         )
+        if previous is None or not previous.same_assignor_choice(member.metadata):
+            group.assignor_changes += 1
         if old_instance is not None and old_instance != value.instance_id:
             if group.instances.get(old_instance) == key.member_id:
                 del group.instances[old_instance]

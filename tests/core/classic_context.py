@@ -66,6 +66,9 @@ class ClassicContext:
         self.apply_timers(result.timers)
         response = result.response
         if isinstance(response, Parked):  # parked before the change's releases, as the shell
+            # An answer released to an earlier request of the same member that its worker
+            # never took (it had given up on it) is not this request's answer.
+            self.released.pop(response.key, None)
             self.parked.add(response.key)
         for key, answer in result.releases:
             if key in self.parked:

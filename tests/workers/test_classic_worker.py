@@ -4,6 +4,8 @@ every start and stop: no unit may ever run on two workers at once."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import trio
 
@@ -107,4 +109,47 @@ async def test_classic_and_new_protocol_workers_share_a_connect_group() -> None:
             worker.stop()  # type: ignore[attr-defined]
         await settle(workers[:1])
         nursery.cancel_scope.cancel()
+    assert registry.overlaps() == []
+
+
+async def until(condition: Callable[[], bool], timeout_s: float = 10) -> None:
+    with trio.fail_after(timeout_s):
+        while True:
+            if condition():
+                return
+            await trio.sleep(0.05)
+
+
+async def test_classic_workers_get_a_classic_group_once_new_protocol_workers_left() -> None:
+    """An empty group takes the type of its next joiner: the connect group its only
+    new-protocol worker left becomes a classic group for the classic workers (the
+    server's group.connect.classic.group.type is classic), with the join barrier."""
+    registry = UnitRegistry()
+    async with trio.open_nursery() as nursery:
+        server: ServerHandle = await nursery.start(run_server, CONFIG, ("127.0.0.1", 0),
+                                                   ("127.0.0.1", 0))
+        core = server.runtime.core
+        new = Worker(WorkerConfig(group_id=G, worker_url="http://n1:8083",
+                                  rebalance_timeout_ms=3_000, session_timeout_ms=2_000,
+                                  retry_backoff_ms=20, retry_backoff_max_ms=200),
+                     registry, address=("127.0.0.1", server.kafka_port),
+                     assignors=[IncrementalCooperativeAssignor(300)],
+                     request_timeout_ms=2_000, name="n1")
+        await nursery.start(new.run)
+        await until(lambda: G in core.store.groups and bool(core.store.groups[G].members))
+        new.shutdown()
+        await until(lambda: not core.store.groups[G].members)
+        assert G not in core.store.classic.groups  # an empty connect group
+        workers = [classic(f"c{i}", server.kafka_port, registry) for i in (1, 2)]
+        for worker in workers:
+            await nursery.start(worker.run)
+        await settle(workers)
+        assert G not in core.store.groups and not core.store.classic.bridged
+        group = core.store.classic.groups[G]
+        assert sorted(group.members) == sorted(w.member_id for w in workers)
+        assert group.state.label == "Stable"
+        for worker in workers:
+            worker.stop()
+        await trio.sleep(0.5)
+        server.stop()
     assert registry.overlaps() == []

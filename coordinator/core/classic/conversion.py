@@ -17,8 +17,13 @@ scheduling rule (`GroupCoordinator.reschedule`) derives the old group's timers a
 - Downgrade: the classic group's generation is the group epoch; each member keeps what it
   holds (as its last assignment of that generation) and a classic rebalance starts, so
   the workers' own leader assigns from what they report holding. A group whose
-  connectors were set through the admin API is not downgraded: a classic group could not
-  run them.
+  connectors or settings were set through the admin API is not downgraded: a classic
+  group could not run them (its type set to `connect` is such a setting).
+- An empty connect group that a new classic member joins becomes a classic group when the
+  server's `group.connect.classic.group.type` is `classic` and the admin API set neither
+  its connectors nor its settings (`GroupCoordinator.gives_way`): the join's change deletes
+  the connect group and creates the classic one. An empty classic group that a
+  new-protocol member joins gives way the same way (`ClassicEngine.give_up_empty`).
 """
 
 from __future__ import annotations
@@ -229,9 +234,10 @@ def _url_and_offset(protocols: Iterable[tuple[str, bytes]], name: str | None
 
 def should_downgrade(core: GroupCoordinator, group: Group) -> bool:
     """Whether the group is to become classic now: only bridged (classic) members remain,
-    the policy allows it, and its units come from its installs (a classic group has no
-    connectors of its own)."""
-    if not group.members or group.units_source != "installs":
+    the policy allows it, its units come from its installs (a classic group has no
+    connectors of its own) and the admin API did not set its settings (its type set to
+    `connect` among them: a classic group has none of them)."""
+    if not group.members or group.units_source != "installs" or group.configured:
         return False
     bridged = core.store.classic.bridged
     if any((group.group_id, member_id) not in bridged for member_id in group.members):

@@ -268,6 +268,12 @@ class ClassicEngine:
         self.other_type = other_type
         # Classic members of connect groups go to the bridge (set by the coordinator).
         self.bridge: Any = None
+        # An empty connect group that a new classic member takes (set by the
+        # coordinator): whether it does; the records that delete it, written into the
+        # join's change; and the store that replays them along with the classic group's.
+        self.connect_gives_way: Callable[[str], bool] = lambda group_id: False
+        self.connect_give_way: Callable[[str, Any], None] = lambda group_id, change: None
+        self.connect_records: Any = self.store
 
     def _bridged(self, group_id: str) -> bool:
         return self.bridge is not None and self.bridge.handles(group_id)
@@ -318,16 +324,25 @@ class ClassicEngine:
 
     # ------------------------------------------------------------------ JoinGroup
     def join(self, request: JoinRequest, now_ms: int) -> Result[JoinAnswer | Parked]:
+        taking_over = False
         if self.bridge is not None and (
                 self.bridge.handles(request.group_id)
                 or (request.group_id not in self.store.groups
                     and self.config.classic_group_type == "connect")):
             # A connect group, or a new group that classic joiners put on the connect
-            # engine (group.connect.classic.group.type=connect).
-            bridged: Result[JoinAnswer | Parked] = self.bridge.join(request, now_ms)
-            return bridged
-        change = _Change(self.store)
+            # engine (group.connect.classic.group.type=connect) -- unless it is an empty
+            # connect group that a new classic member takes (an empty group takes the
+            # type of its next joiner).
+            taking_over = not request.member_id and self.connect_gives_way(request.group_id)
+            if not taking_over:
+                bridged: Result[JoinAnswer | Parked] = self.bridge.join(request, now_ms)
+                return bridged
+        # One change deletes the connect group taken over and creates the classic group.
+        change = _Change(self.connect_records if taking_over else self.store)
         try:
+            if taking_over:
+                self._check_join(request)  # (a bad request changes nothing)
+                self.connect_give_way(request.group_id, change)
             response: JoinAnswer | Parked = self._join(request, change, now_ms)
         except _ClassicError as error:
             change.events.append(Event("classic_join_refused", request.group_id,
@@ -336,7 +351,8 @@ class ClassicEngine:
             response = JoinAnswer(error.code, request.member_id)
         return change.result(response)
 
-    def _join(self, request: JoinRequest, change: _Change, now_ms: int) -> JoinAnswer | Parked:
+    def _check_join(self, request: JoinRequest) -> None:
+        """The checks of a JoinGroup that do not depend on its group."""
         if not request.group_id:
             raise _ClassicError(ErrorCode.INVALID_GROUP_ID, "the group id is empty")
         low = self.config.classic_min_session_timeout_ms
@@ -353,6 +369,9 @@ class ClassicEngine:
                 f"{PROTOCOL_TYPE!r} groups only")
         if not request.protocols:
             raise _ClassicError(ErrorCode.INCONSISTENT_GROUP_PROTOCOL, "no protocols listed")
+
+    def _join(self, request: JoinRequest, change: _Change, now_ms: int) -> JoinAnswer | Parked:
+        self._check_join(request)
         if self.other_type(request.group_id):
             raise _ClassicError(
                 ErrorCode.INCONSISTENT_GROUP_PROTOCOL,
