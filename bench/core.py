@@ -182,8 +182,7 @@ def _measure_pool_run(core: GroupCoordinator, now: int, tasks_per_member: int, r
         packer.returned(whole, cold_outcome)
         outcome = cold_outcome
         started = time.perf_counter()
-        landed = core.complete_assignor_run(run, transport.expand(run.spec, outcome), now,
-                                            outcome.verified)
+        landed = core.complete_assignor_run(run, outcome, now)  # as `serve` lands it
         landing = time.perf_counter() - started
         if landed.jobs or not any(record.value is not None for record in landed.records):
             raise RuntimeError("the run did not land as a new target")

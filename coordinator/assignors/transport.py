@@ -34,7 +34,7 @@ from __future__ import annotations
 import os
 import pickle
 from collections.abc import Generator, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from coordinator.assignors.api import (
@@ -43,7 +43,12 @@ from coordinator.assignors.api import (
     MemberSpec,
     ServerAssignor,
 )
-from coordinator.core.result import NO_SPEC_CHANGES, MappingChange, SpecChanges
+from coordinator.core.result import (
+    NO_SPEC_CHANGES,
+    CompactResult,
+    MappingChange,
+    SpecChanges,
+)
 from coordinator.units import CONNECTOR, Unit
 
 # A run packed whole is pickled in pieces of about this many units (and at most
@@ -70,26 +75,6 @@ class PackedRun:
     packer: str = ""  # the SpecPacker's token
     run: int = 0  # the packer's number for this run
     base: int | None = None  # the run this one is told against; None: packed whole
-
-
-@dataclass(frozen=True, slots=True)
-class CompactResult:
-    """An AssignmentResult as the worker sends it back."""
-
-    changed: dict[str, frozenset[Unit]]  # members whose target differs from the previous
-    # Members whose target is exactly their previous one; None when they are all the
-    # spec's members not in `changed` (the result names every member and no one else).
-    unchanged: tuple[str, ...] | None
-    state: bytes = b""
-    rerun_at_ms: int | None = None
-    extra: dict[str, object] = field(default_factory=dict)
-    # Every unit is one the spec's connectors define, and none is given to two members.
-    verified: bool = False
-    assigned: int = 0  # units given, all members together
-    # The keys of the spec's previous target that are not its members (a departed member's
-    # part): a landing on the group as the spec saw it drops those among its target's
-    # parts, without going over them all. None: not known.
-    outsiders: tuple[str, ...] | None = None
 
 
 class ResidentMiss(Exception):
@@ -411,26 +396,9 @@ def compact(spec: AssignmentSpec, result: AssignmentResult,
                          result.rerun_at_ms, dict(result.extra), verified, listed, outsiders)
 
 
-def unchanged_members(spec: AssignmentSpec, result: CompactResult) -> list[str] | tuple[str, ...]:
-    """The members a compact result leaves with the target they had."""
-    if result.unchanged is not None:
-        return result.unchanged
-    changed = result.changed
-    return [member_id for member_id in spec.members if member_id not in changed]
-
-
 def run_packed(packed: PackedRun) -> CompactResult:
     """Executed in a worker process: unpack, assign, check and compact."""
     assignor, spec, resident = _unpack(packed)
     result = compact(spec, assignor.assign(spec), resident.check)
     resident.returned = result.state
     return result
-
-
-def expand(spec: AssignmentSpec, result: CompactResult) -> AssignmentResult:
-    """The full result again, with the spec's own set objects for unchanged members."""
-    target: dict[str, frozenset[Unit]] = {
-        member_id: spec.previous_target[member_id]
-        for member_id in unchanged_members(spec, result)}
-    target.update(result.changed)
-    return AssignmentResult(target, result.state, result.rerun_at_ms, result.extra)

@@ -6,6 +6,9 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any, Generic, NamedTuple, TypeVar
 
+from coordinator.assignors.api import AssignmentResult
+from coordinator.units import Unit
+
 R = TypeVar("R")
 
 # A timer is named by (kind, group id, member id or ""); arming a key again moves it.
@@ -175,3 +178,46 @@ class Result(Generic[R]):
             touched.add(operation.group_id if isinstance(operation, TimerClearGroup)
                         else operation.key[1])
         return touched
+
+
+@dataclass(frozen=True, slots=True)
+class CompactResult:
+    """An AssignmentResult as the worker sends it back."""
+
+    changed: dict[str, frozenset[Unit]]  # members whose target differs from the previous
+    # Members whose target is exactly their previous one; None when they are all the
+    # spec's members not in `changed` (the result names every member and no one else).
+    unchanged: tuple[str, ...] | None
+    state: bytes = b""
+    rerun_at_ms: int | None = None
+    extra: dict[str, object] = field(default_factory=dict)
+    # Every unit is one the spec's connectors define, and none is given to two members.
+    verified: bool = False
+    assigned: int = 0  # units given, all members together
+    # The keys of the spec's previous target that are not its members (a departed member's
+    # part): a landing on the group as the spec saw it drops those among its target's
+    # parts, without going over them all. None: not known.
+    outsiders: tuple[str, ...] | None = None
+
+
+def unchanged_members(spec: Any, result: CompactResult) -> list[str] | tuple[str, ...]:
+    """The members a compact result leaves with the target they had."""
+    if result.unchanged is not None:
+        return result.unchanged
+    changed = result.changed
+    return [member_id for member_id in spec.members if member_id not in changed]
+
+
+def expand(spec: Any, result: CompactResult) -> AssignmentResult:
+    """The full result again, with the spec's own set objects for unchanged members."""
+    previous = spec.previous_target
+    if result.unchanged is None and result.outsiders is not None:
+        # Every member named: the previous target (a copy, in C) less the outsiders.
+        target: dict[str, frozenset[Unit]] = dict(previous)
+        for member_id in result.outsiders:
+            del target[member_id]
+    else:
+        target = {member_id: previous[member_id]
+                  for member_id in unchanged_members(spec, result)}
+    target.update(result.changed)
+    return AssignmentResult(target, result.state, result.rerun_at_ms, result.extra)

@@ -42,11 +42,9 @@ import trio_parallel
 
 from coordinator.assignors.api import ServerAssignor
 from coordinator.assignors.transport import (
-    CompactResult,
     PackedRun,
     ResidentMiss,
     SpecPacker,
-    expand,
     run_packed,
 )
 from coordinator.config import ServerConfig
@@ -54,6 +52,7 @@ from coordinator.core.classic.engine import Parked
 from coordinator.core.coordinator import GroupCoordinator
 from coordinator.core.result import (
     AssignorRun,
+    CompactResult,
     Event,
     Record,
     Result,
@@ -713,12 +712,8 @@ class Runtime:
         duration_ms = round((time.perf_counter() - started) * 1000, 2)
         try:
             await trio.lowlevel.checkpoint()  # the result arrived: answer heartbeats first
-            if isinstance(outcome, CompactResult):
-                landed = self.core.complete_assignor_run(
-                    run, expand(run.spec, outcome), self.clock.now_ms(), outcome.verified)
-            else:
-                landed = self.core.complete_assignor_run(run, outcome, self.clock.now_ms())
-            await self.complete(landed)
+            await self.complete(
+                self.core.complete_assignor_run(run, outcome, self.clock.now_ms()))
         except Exception:
             log.exception("assignor_result_failed", group=run.group_id, run=run.run_id)
         times = RunTimes(run.group_id, run.run_id, label, submitted, returned, time.time())

@@ -14,18 +14,21 @@ from coordinator.assignors import transport
 from coordinator.assignors.api import AssignmentResult, AssignmentSpec, MemberSpec
 from coordinator.assignors.balanced import BalancedAssignor
 from coordinator.assignors.transport import (
-    CompactResult,
     PackedRun,
     ResidentMiss,
     SpecPacker,
     TargetCheck,
     compact,
-    expand,
     run_packed,
-    unchanged_members,
     unpack,
 )
-from coordinator.core.result import MappingChange, SpecChanges
+from coordinator.core.result import (
+    CompactResult,
+    MappingChange,
+    SpecChanges,
+    expand,
+    unchanged_members,
+)
 from coordinator.units import Unit, units_of
 
 CONNECTORS = {"a": 30, "b": 20}

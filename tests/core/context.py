@@ -10,7 +10,6 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from coordinator.assignors import load_assignors
-from coordinator.assignors.transport import CompactResult, expand
 from coordinator.config import ServerConfig
 from coordinator.core.coordinator import GroupCoordinator
 from coordinator.core.group import units_to_wire
@@ -101,11 +100,7 @@ class Context:
                 outcome = self.assignors[job.assignor].assign(job.spec)
             except Exception as error:
                 outcome = error
-        if isinstance(outcome, CompactResult):  # as the shell lands the pool's results
-            self.apply(self.core.complete_assignor_run(
-                job, expand(job.spec, outcome), self.now, outcome.verified))
-        else:
-            self.apply(self.core.complete_assignor_run(job, outcome, self.now))
+        self.apply(self.core.complete_assignor_run(job, outcome, self.now))
 
     def advance(self, ms: int) -> list[TimerKey]:
         """Move the clock, firing due timers in deadline order; returns the fired keys."""
