@@ -912,8 +912,9 @@ class GroupCoordinator:
             for member_id in gone:
                 specs.pop(member_id, None)
         else:
-            # Someone joined (or came back): in the members' order, a run packed whole for a pool process
-            # is smaller (547 kB instead of 937 for 1,000 members: neighbours share
+            # Someone joined (or came back): in the members' order, a run packed whole
+            # for a pool process is smaller (547 kB instead of 937 for 1,000 members:
+            # neighbours share
             # connectors, and pickle writes a name once).
             specs = {member_id: fresh[member_id] if member_id in fresh else specs[member_id]
                      for member_id in members}
