@@ -959,19 +959,20 @@ class GroupCoordinator:
             fresh[member_id] = spec
         change: MappingChange | None = None
         new_version = cache.next_version()
-        if fresh.keys() <= specs.keys():
+        if fresh.keys() <= specs.keys() and not cache.rejoined:
             change = MappingChange(version, new_version, tuple(stale))
             gone = [member_id for member_id in stale if member_id not in members]
             specs = {**specs, **fresh}  # (a copy at C speed)
             for member_id in gone:
                 specs.pop(member_id, None)
         else:
-            # Someone joined: in the members' order, a run packed whole for a pool process
-            # is smaller (547 kB instead of 937 for 1,000 members: neighbours share
-            # connectors, and pickle writes a name once).
+            # Someone joined (or came back): in the members' order, a run packed whole
+            # for a pool process is smaller (547 kB instead of 937 for 1,000 members:
+            # neighbours share connectors, and pickle writes a name once).
             specs = {member_id: fresh[member_id] if member_id in fresh else specs[member_id]
                      for member_id in members}
         stale.clear()
+        cache.rejoined = False
         cache.member_specs, cache.member_specs_version = specs, new_version
         return specs, change
 

@@ -154,6 +154,9 @@ class SpecCache:
     member_specs: dict[str, Any] = field(default_factory=dict)
     member_specs_version: int = 0
     stale_members: set[str] = field(default_factory=set)
+    # A member that left came back since: it is last in the members' order now, not where
+    # its cached spec is, so the next spec is built in the members' order.
+    rejoined: bool = False
     # member id -> its target part's units (None: build it anew), and the ids whose part
     # was replayed since.
     previous_target: dict[str, frozenset[Unit]] | None = None
@@ -566,8 +569,11 @@ class GroupStore:
                     del group.instances[member.metadata.instance_id]
             return
         assert isinstance(value, ConnectGroupMemberMetadataValue)
+        cache = group.spec_cache
+        if key.member_id in cache.member_specs and key.member_id not in group.members:
+            cache.rejoined = True
         member = self._member(group, key.member_id)
-        group.spec_cache.stale_members.add(key.member_id)
+        cache.stale_members.add(key.member_id)
         previous = member.metadata
         old_instance = previous.instance_id if previous else None
         # Positional arguments: a frozen dataclass takes keywords about a third slower, and

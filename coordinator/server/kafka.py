@@ -47,6 +47,7 @@ from coordinator.server import classic
 from coordinator.server.classic import Address
 from coordinator.server.limits import decode_limits, describe_answer_bytes
 from coordinator.server.runtime import NotDurable, Runtime
+from protocol._codec import INT32
 from protocol.classic import (
     CLASSIC_APIS,
     FIND_COORDINATOR,
@@ -83,6 +84,34 @@ LARGE_RECEIVE_BYTES = 1024 * 1024
 # Frames above this are walked and decoded in a background thread (a frame of a few MB
 # takes tens of milliseconds), so that heartbeats are answered meanwhile.
 OFFLOAD_DECODE_BYTES = 64 * 1024
+# A connection remembers its last request frame up to this size (RepeatedFrame).
+REPEATED_FRAME_BYTES = 1024
+
+
+class RepeatedFrame:
+    """A connection's last small request frame and what it decoded to. A stable member's
+    heartbeats are the same bytes every time but for the correlation id; such a frame is
+    neither walked nor decoded again (that was about a sixth of a stable heartbeat's work):
+    the bytes decoded before decode the same way."""
+
+    __slots__ = ("api", "rest", "request")
+
+    def __init__(self) -> None:
+        self.api = b""  # the frame's API key and version
+        self.rest = b""  # the frame after its correlation id
+        self.request: DecodedRequest | None = None
+
+    def get(self, frame: bytes) -> DecodedRequest | None:
+        """The request `frame` decodes to, if it repeats the last one remembered."""
+        last = self.request
+        if last is None or frame[8:] != self.rest or frame[:4] != self.api:
+            return None
+        return DecodedRequest(last.api_key, last.api_version, INT32.unpack_from(frame, 4)[0],
+                              last.client_id, last.body)
+
+    def remember(self, frame: bytes, request: DecodedRequest) -> None:
+        if len(frame) <= REPEATED_FRAME_BYTES:
+            self.api, self.rest, self.request = frame[:4], frame[8:], request
 # Answers to one read are sent once they add up to this much, before the next is built.
 SEND_BATCH_BYTES = 256 * 1024
 # The loop yields to other connections after answering for this long in one read.
@@ -347,6 +376,7 @@ class KafkaServer:
         idle_timeout_s = config.connection_idle_timeout_ms / 1000
         last_answer = trio.current_time()
         frame_started = 0.0  # when the first byte of the frame being read arrived
+        repeated = RepeatedFrame()
         while True:
             if frames.buffered_bytes:
                 deadline.at, deadline.reason = frame_started + read_timeout_s, "read_timeout"
@@ -378,7 +408,7 @@ class KafkaServer:
             completed = False
             for frame in frames:
                 completed = True
-                answer = await self._answer(frame, problems, peer, address)
+                answer = await self._answer(frame, problems, peer, address, repeated)
                 if answer is None:
                     metrics.reject("malformed")
                     closing = True
@@ -416,14 +446,23 @@ class KafkaServer:
         return await self._answer(frame, problems, peer, address)
 
     async def _answer(self, frame: bytes, problems: ProblemLog, peer: Any = None,
-                      address: Address | None = None) -> bytes | None:
+                      address: Address | None = None,
+                      repeated: RepeatedFrame | None = None) -> bytes | None:
         """The framed response, or None when the connection must close."""
         started = time.perf_counter()
         try:
             if len(frame) > OFFLOAD_DECODE_BYTES:
                 request, checked = await self._off_loop(self._decode, frame, True)
-            else:
+            elif repeated is None:
                 request, checked = self._decode(frame, False)
+            else:
+                checked = None
+                again = repeated.get(frame)
+                if again is None:
+                    request, checked = self._decode(frame, False)
+                    repeated.remember(frame, request)
+                else:
+                    request = again
         except UnsupportedApi as error:
             self._count(error.api_key, ErrorCode.UNSUPPORTED_VERSION, started)
             return error_response(error.api_key, error.api_version, error.correlation_id,

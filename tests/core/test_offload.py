@@ -693,3 +693,10 @@ def test_a_compact_result_on_an_unchanged_group_looks_only_at_the_members_it_cha
     assert ctx.describe(G).assignment_epoch == ctx.describe(G).group_epoch
     assert {member: part.units for member, part in group.target.items()} == {
         member: part.units for member, part in ctx.replayed().store.groups[G].target.items()}
+
+
+def test_member_specs_keep_the_members_order_when_a_member_comes_back() -> None:
+    # w1 leaves and comes back (static) before the next spec: it is last among the
+    # members now, and its spec must be too.
+    test_member_specs_kept_between_runs_are_those_built_from_scratch.hypothesis.inner_test(
+        [("join", "w1", 0), ("join", "w2", 1), ("leave", "w1", 0), ("join", "w1", 1)])

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from coordinator.config import ServerConfig
+from protocol._codec import INT32
 from protocol.errors import ErrorCode
 from protocol.messages.common import ConnectorTaskId
 from tests.integration.helpers import ServerProcess
@@ -312,3 +313,20 @@ def test_a_client_that_does_not_read_is_not_buffered_for(server: ServerProcess) 
                 sent += 1
         assert sent < 4_000
     assert alive(server)
+
+
+def test_a_repeated_frame_is_answered_as_itself_on_one_connection(server: ServerProcess
+                                                                   ) -> None:
+    # A connection remembers its last frame (RepeatedFrame): the same bytes under another
+    # correlation id are answered under that id, and a refused frame stays refused.
+    join = heartbeat("repeat", "m1", epoch=0, worker_url="http://m1:8083")
+    tasks = tuple(ConnectorTaskId(connector="c", task=i) for i in range(1_001))
+    over = heartbeat("repeat", "m1", epoch=1, owned_connectors_and_tasks=owned(tasks=tasks))
+    with RawConnection(server.kafka_port) as connection:
+        for correlation_id in (11, 12):
+            connection.send(request_frame(HEARTBEAT, join, correlation_id))
+            answer = connection.answer()
+            assert answer is not None and INT32.unpack_from(answer, 0)[0] == correlation_id
+        for correlation_id in (13, 14):
+            refused = connection.ask(request_frame(HEARTBEAT, over, correlation_id), HEARTBEAT)
+            assert refused.error_code == ErrorCode.INVALID_REQUEST
