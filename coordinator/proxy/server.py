@@ -65,6 +65,46 @@ class UpstreamClosed(Exception):
     """The upstream broker closed the connection (or it broke) mid-response."""
 
 
+class _Turns:
+    """Lets a forwarding loop yield to trio only when it has not for a while.
+
+    Every wait of a proxy socket is counted (`waited`); a wait yields, and while a task
+    runs without yielding no other task can wait, so an unchanged count since a loop's
+    last round means that round did not yield. `end_round` yields after `rounds` such
+    rounds in a row: a busy connection still lets the others (and cancellation) in, and
+    a round that waited anyway, the usual case, costs no second pass through the
+    scheduler."""
+
+    def __init__(self, rounds: int = 8) -> None:
+        self.waits = 0
+        self.rounds = rounds
+
+    def waited(self) -> None:
+        self.waits += 1
+
+    def loop(self) -> _Loop:
+        return _Loop(self)
+
+
+class _Loop:
+    __slots__ = ("_turns", "_seen", "_rounds")
+
+    def __init__(self, turns: _Turns) -> None:
+        self._turns = turns
+        self._seen = turns.waits
+        self._rounds = 0
+
+    async def end_round(self) -> None:
+        waits = self._turns.waits
+        if waits != self._seen:
+            self._seen, self._rounds = waits, 0
+            return
+        self._rounds += 1
+        if self._rounds >= self._turns.rounds:
+            await trio.lowlevel.checkpoint()
+            self._seen, self._rounds = self._turns.waits, 0
+
+
 class _Socket:
     """A connected TCP socket the forwarding path reads and writes with direct non-blocking
     calls, waiting through trio only when the call would block.
@@ -72,12 +112,14 @@ class _Socket:
     A forwarded request costs a few socket calls; through trio's stream each one also pays
     for its wrappers and a pass through the scheduler, which together cost more than the
     call. Here a call that succeeds at once does not yield: the loops that use it yield
-    once per round (`trio.lowlevel.checkpoint`), so other tasks still run and cancellation
-    still arrives. Closing goes through the trio stream, which wakes any waiter."""
+    once every few rounds that did not wait (`_Turns`), so other tasks still run and
+    cancellation still arrives. Closing goes through the trio stream, which wakes any
+    waiter."""
 
-    def __init__(self, stream: trio.SocketStream) -> None:
+    def __init__(self, stream: trio.SocketStream, turns: _Turns) -> None:
         self._socket = socket.socket(fileno=stream.socket.detach())
         self.stream = trio.SocketStream(trio.socket.from_stdlib_socket(self._socket))
+        self._turns = turns
 
     async def receive_some(self, max_bytes: int) -> bytes:
         while True:
@@ -87,6 +129,7 @@ class _Socket:
                 pass
             except OSError as error:
                 raise _broken(error) from None
+            self._turns.waited()
             await trio.lowlevel.wait_readable(self._socket)
 
     async def send_all(self, data: bytes) -> None:
@@ -97,6 +140,7 @@ class _Socket:
                 try:
                     sent += self._socket.send(data if view is None else view[sent:])
                 except BlockingIOError:
+                    self._turns.waited()
                     await trio.lowlevel.wait_writable(self._socket)
                 except OSError as error:
                     raise _broken(error) from None
@@ -119,9 +163,11 @@ def _broken(error: OSError) -> trio.BrokenResourceError | trio.ClosedResourceErr
 class _ByteReader:
     """Reads exact byte counts from a stream, or relays them to another stream."""
 
-    def __init__(self, stream: trio.SocketStream | _Socket) -> None:
+    def __init__(self, stream: trio.SocketStream | _Socket, rounds: _Loop | None = None
+                 ) -> None:
         self.stream = stream
         self._buffer = bytearray()
+        self._rounds = rounds  # the reading task's turns (else a yield per read)
 
     @property
     def buffered(self) -> int:
@@ -143,8 +189,14 @@ class _ByteReader:
         """Wait until at least `count` bytes are buffered."""
         while len(self._buffer) < count:
             if self._buffer:  # a frame longer than one read: let other tasks in between
-                await trio.lowlevel.checkpoint()
+                await self._end_round()
             await self._fill(count - len(self._buffer))
+
+    async def _end_round(self) -> None:
+        if self._rounds is None:
+            await trio.lowlevel.checkpoint()
+        else:
+            await self._rounds.end_round()
 
     async def read_exactly(self, count: int) -> bytes:
         await self.fill(count)
@@ -180,7 +232,7 @@ class _ByteReader:
             count -= len(data)
             await destination.send_all(prefix + data if prefix else data)
             prefix = b""
-            await trio.lowlevel.checkpoint()  # once per chunk (the socket calls need not)
+            await self._end_round()  # a yield now and then (the socket calls need not)
         if prefix:
             await destination.send_all(prefix)
 
@@ -228,6 +280,7 @@ class ProxyServer:
         self.node_addresses: dict[int, tuple[str, int]] = {}  # node id -> upstream address
         self.node_ports: dict[int, int] = {}  # node id -> local port
         self._bind_lock = trio.Lock()
+        self.turns = _Turns()
         self._accept_nursery: trio.Nursery | None = None
         self._connection_nursery: trio.Nursery | None = None
         self._accepting: trio.CancelScope | None = None
@@ -406,7 +459,10 @@ class _Connection:
             self.peer = None
         # The problems of the requests answered locally, logged as a connection's are.
         self.problems = ProblemLog(peer=self.peer)
-        self.client = _Socket(client)
+        self.client = _Socket(client, proxy.turns)
+        # Each task's rounds of socket calls, yielding only every few that did not wait.
+        self._reading = proxy.turns.loop()
+        self._writing = proxy.turns.loop()
 
     async def run(self) -> None:
         metrics = self.proxy.metrics
@@ -461,7 +517,7 @@ class _Connection:
                     break
             if not (await self._flush(slots) and going_on):
                 return
-            await trio.lowlevel.checkpoint()  # once per read (the socket calls need not)
+            await self._reading.end_round()  # a yield now and then, not per call
 
     async def _flush(self, slots: trio.MemorySendChannel[_Slot]) -> bool:
         if not self._outgoing:
@@ -489,7 +545,6 @@ class _Connection:
         except trio.WouldBlock:
             await self._flush(slots)
             await slots.send(slot)
-
     async def _close_after(self, slots: trio.MemorySendChannel[_Slot], reason: str) -> None:
         """Answer what came before, then close the connection."""
         await self._queue(slots, _Slot.answered(None, None, reason))
@@ -576,11 +631,12 @@ class _Connection:
         for host, port in addresses:
             try:
                 with trio.fail_after(proxy.connect_timeout_s):
-                    self.upstream = _Socket(await trio.open_tcp_stream(host, port))
+                    self.upstream = _Socket(await trio.open_tcp_stream(host, port),
+                                            proxy.turns)
             except (OSError, trio.TooSlowError) as error:
                 errors.append(f"{host}:{port}: {error or 'timed out'}")
                 continue
-            self.responses = _ByteReader(self.upstream)
+            self.responses = _ByteReader(self.upstream, self._writing)
             return True
         proxy.metrics.upstream_failure("connect")
         log.warning("proxy_upstream_unreachable", node_id=self.node, peer=self.peer,
@@ -636,7 +692,7 @@ class _Connection:
             data = bytes(ready)
             ready.clear()
             await self.client.send_all(data)
-            await trio.lowlevel.checkpoint()  # once per batch (the socket calls need not)
+            await self._writing.end_round()  # a yield now and then, not per call
 
     async def _relay_response(self, slot: _Slot, ready: bytearray) -> None:
         """The next upstream response: added to `ready` when it is all there (after its
