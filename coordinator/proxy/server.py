@@ -54,6 +54,7 @@ log = structlog.get_logger("connect_coordinator.proxy")
 RECEIVE_BYTES = 262_144
 MAX_IN_FLIGHT = 100  # per connection; Kafka clients send at most 5 by default
 FLUSH_BYTES = 1_048_576  # forwarded requests are sent upstream at least this often
+SEND_BUFFERS = 512  # buffers per `sendmsg` (Linux takes at most 1024)
 
 
 def parse_upstream(address: str) -> tuple[str, int]:
@@ -132,7 +133,7 @@ class _Socket:
             self._turns.waited()
             await trio.lowlevel.wait_readable(self._socket)
 
-    async def send_all(self, data: bytes) -> None:
+    async def send_all(self, data: bytes | bytearray) -> None:
         view: memoryview | None = None  # only once a send was partial
         sent = 0
         try:
@@ -149,6 +150,43 @@ class _Socket:
         finally:
             if view is not None:
                 view.release()
+
+    async def send_buffers(self, buffers: list[memoryview]) -> None:
+        """Send the buffers in order, as one `sendmsg` where the kernel takes them all
+        (the forwarded frames of one read, each a view of what the client sent)."""
+        try:
+            await self._send_buffers(buffers)
+        finally:
+            buffers.clear()  # no view outlives the call, even in a traceback
+
+    async def _send_buffers(self, buffers: list[memoryview]) -> None:
+        while buffers:
+            try:
+                sent = self._socket.sendmsg(buffers[:SEND_BUFFERS])
+            except BlockingIOError:
+                self._turns.waited()
+                await trio.lowlevel.wait_writable(self._socket)
+                continue
+            except OSError as error:
+                raise _broken(error) from None
+            done = 0
+            while done < len(buffers) and sent >= len(buffers[done]):
+                sent -= len(buffers[done])
+                done += 1
+            del buffers[:done]
+            if sent:
+                buffers[0] = buffers[0][sent:]
+
+    async def receive_into(self, buffer: memoryview) -> int:
+        while True:
+            try:
+                return self._socket.recv_into(buffer)
+            except BlockingIOError:
+                pass
+            except OSError as error:
+                raise _broken(error) from None
+            self._turns.waited()
+            await trio.lowlevel.wait_readable(self._socket)
 
     async def aclose(self) -> None:
         await self.stream.aclose()
@@ -168,6 +206,7 @@ class _ByteReader:
         self.stream = stream
         self._buffer = bytearray()
         self._rounds = rounds  # the reading task's turns (else a yield per read)
+        self._chunk: memoryview | None = None  # `relay`'s buffer, never resized
 
     @property
     def buffered(self) -> int:
@@ -210,31 +249,37 @@ class _ByteReader:
             destination += part
         del self._buffer[:count]
 
-    async def relay(self, count: int, destination: _Socket, prefix: bytes = b"") -> None:
-        """Send `prefix` and the next `count` bytes to `destination` as they arrive: what
-        is buffered in one send with the prefix (a send on loopback costs more than a
-        copy), the rest read no further than the frame's end and passed on as received,
-        so a large Fetch response costs a receive and a send per chunk, no other copy."""
-        if self._buffer:
-            take = min(count, len(self._buffer))
-            chunk = prefix + self._buffer[:take]
-            del self._buffer[:take]
-            count -= take
-            prefix = b""
-            await destination.send_all(chunk)
-        while count > 0:
+    async def relay(self, count: int, destination: _Socket, prefix: bytearray) -> None:
+        """Send `prefix` (emptied after) and the next `count` bytes to `destination` as
+        they arrive: what is buffered goes out with the prefix in one `sendmsg` (a send on
+        loopback costs more than gathering), the rest is read no further than the frame's
+        end into one reused buffer and passed on as received, so a large Fetch response
+        costs a receive and a send per chunk and no copy in between."""
+        stream = self.stream
+        assert isinstance(stream, _Socket)
+        take = min(count, len(self._buffer))
+        if prefix or take:
+            parts = [memoryview(prefix), memoryview(self._buffer)[:take]]
             try:
-                data = await self.stream.receive_some(min(count, RECEIVE_BYTES))
+                await destination.send_buffers(list(parts))
+            finally:
+                for part in parts:  # the buffers are resized below
+                    part.release()
+            del self._buffer[:take]
+            prefix.clear()
+            count -= take
+        while count > 0:
+            if self._chunk is None:
+                self._chunk = memoryview(bytearray(RECEIVE_BYTES))
+            try:
+                received = await stream.receive_into(self._chunk[:min(count, RECEIVE_BYTES)])
             except (trio.BrokenResourceError, trio.ClosedResourceError) as error:
                 raise UpstreamClosed(str(error)) from None
-            if not data:
+            if not received:
                 raise UpstreamClosed("the upstream broker closed the connection")
-            count -= len(data)
-            await destination.send_all(prefix + data if prefix else data)
-            prefix = b""
+            count -= received
+            await destination.send_buffers([self._chunk[:received]])
             await self._end_round()  # a yield now and then (the socket calls need not)
-        if prefix:
-            await destination.send_all(prefix)
 
 
 @dataclass(eq=False)
@@ -451,7 +496,7 @@ class _Connection:
         self.node = node  # None: the bootstrap listener
         self.upstream: _Socket | None = None
         self.responses: _ByteReader | None = None
-        self._outgoing: list[bytes] = []  # forwarded requests not yet sent upstream
+        self._outgoing: list[memoryview] = []  # forwarded requests not yet sent upstream
         self._outgoing_bytes = 0
         try:
             self.peer: Any = client.socket.getpeername()
@@ -485,12 +530,12 @@ class _Connection:
 
     async def _read_requests(self, slots: trio.MemorySendChannel[_Slot],
                              nursery: trio.Nursery) -> None:
-        frames = FrameBuffer(self.proxy.max_frame_bytes)
+        frames = wire.FrameCutter(self.proxy.max_frame_bytes)
         with contextlib.suppress(trio.BrokenResourceError):  # the writer stopped: closing
             async with slots:
                 await self._requests(frames, slots, nursery)
 
-    async def _requests(self, frames: FrameBuffer, slots: trio.MemorySendChannel[_Slot],
+    async def _requests(self, frames: wire.FrameCutter, slots: trio.MemorySendChannel[_Slot],
                         nursery: trio.Nursery) -> None:
         while True:
             try:
@@ -502,14 +547,9 @@ class _Connection:
                 # (local answers in flight finish, shielded, before the close).
                 nursery.cancel_scope.cancel()
                 return
-            try:
-                frames.feed(data)
-            except FrameError as error:
-                await self._close_after(slots, f"bad frame: {error}")
-                return
             # The forwarded requests of one read go upstream in one send.
             going_on = True
-            for frame in frames:
+            for frame in frames.cut(data):
                 going_on = await self._request(frame, slots, nursery)
                 if not going_on or self._outgoing_bytes >= FLUSH_BYTES:
                     going_on = await self._flush(slots) and going_on
@@ -517,17 +557,20 @@ class _Connection:
                     break
             if not (await self._flush(slots) and going_on):
                 return
+            if frames.error is not None:
+                await self._close_after(slots, f"bad frame: {frames.error}")
+                return
             await self._reading.end_round()  # a yield now and then, not per call
 
     async def _flush(self, slots: trio.MemorySendChannel[_Slot]) -> bool:
         if not self._outgoing:
             return True
         assert self.upstream is not None
-        data = b"".join(self._outgoing)
-        self._outgoing.clear()
+        buffers = self._outgoing
+        self._outgoing = []
         self._outgoing_bytes = 0
         try:
-            await self.upstream.send_all(data)
+            await self.upstream.send_buffers(buffers)
         except (trio.BrokenResourceError, trio.ClosedResourceError) as error:
             self.proxy.metrics.upstream_failure("closed")
             log.warning("proxy_upstream_send_failed", error=str(error), peer=self.peer)
@@ -549,10 +592,12 @@ class _Connection:
         """Answer what came before, then close the connection."""
         await self._queue(slots, _Slot.answered(None, None, reason))
 
-    async def _request(self, frame: bytes, slots: trio.MemorySendChannel[_Slot],
+    async def _request(self, framed: memoryview, slots: trio.MemorySendChannel[_Slot],
                        nursery: trio.Nursery) -> bool:
-        """Route one request; False when the connection is to close after earlier answers."""
+        """Route one request (`framed`: its size prefix, then the frame); False when the
+        connection is to close after earlier answers."""
         proxy = self.proxy
+        frame = framed[4:]
         try:
             routing = wire.classify(frame, proxy.owned)
         except MalformedRequest as error:
@@ -569,9 +614,9 @@ class _Connection:
             proxy.metrics.owned(head.api_key)
             slot = _Slot.pending(routing)
             await self._queue(slots, slot)
-            nursery.start_soon(self._answer_locally, frame, routing, slot)
+            nursery.start_soon(self._answer_locally, bytes(frame), routing, slot)
             return True
-        return await self._forward(frame, routing, slots)
+        return await self._forward(framed, routing, slots)
 
     async def _answer_locally(self, frame: bytes, routing: wire.Routing, slot: _Slot) -> None:
         head = routing.head
@@ -592,7 +637,7 @@ class _Connection:
         slot.finish(wire.error_answer(head.api_key, head.api_version, head.correlation_id,
                                       ErrorCode.UNSUPPORTED_VERSION, message), message)
 
-    async def _forward(self, frame: bytes, routing: wire.Routing,
+    async def _forward(self, framed: memoryview, routing: wire.Routing,
                        slots: trio.MemorySendChannel[_Slot]) -> bool:
         head = routing.head
         proxy = self.proxy
@@ -610,10 +655,9 @@ class _Connection:
         # expects its response before it can arrive.
         if routing.expects_response:
             await self._queue(slots, _Slot(routing, upstream=True))
-        self._outgoing.append(INT32.pack(len(frame)))
-        self._outgoing.append(frame)
-        self._outgoing_bytes += len(frame) + 4
-        proxy.metrics.forwarded(head.api_key, len(frame) + 4)
+        self._outgoing.append(framed)  # as it came: no copy
+        self._outgoing_bytes += len(framed)
+        proxy.metrics.forwarded(head.api_key, len(framed))
         return True
 
     async def _connect_upstream(self) -> bool:
@@ -689,9 +733,8 @@ class _Connection:
 
     async def _send(self, ready: bytearray) -> None:
         if ready:
-            data = bytes(ready)
+            await self.client.send_all(ready)
             ready.clear()
-            await self.client.send_all(data)
             await self._writing.end_round()  # a yield now and then, not per call
 
     async def _relay_response(self, slot: _Slot, ready: bytearray) -> None:
@@ -720,9 +763,7 @@ class _Connection:
             responses.move_to(ready, size + 4)
             self.proxy.metrics.relayed(head.api_key, size + 4)
         else:
-            pending = bytes(ready)
-            ready.clear()
-            await responses.relay(size + 4, self.client, prefix=pending)
+            await responses.relay(size + 4, self.client, prefix=ready)
             self.proxy.metrics.relayed(head.api_key, size + 4)
 
     async def _rewritten(self, frame: bytes, routing: wire.Routing) -> bytes:
