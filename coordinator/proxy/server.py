@@ -38,7 +38,6 @@ from protocol.errors import ErrorCode
 from protocol.framing import (
     REQUEST_CLASSES,
     SUPPORTED_APIS,
-    FrameBuffer,
     FrameError,
     MalformedRequest,
     MalformedResponse,

@@ -558,7 +558,8 @@ def intersect_api_versions(body: Any, local: Mapping[int, tuple[int, int]],
 
 
 __all__ = [
-    "Action", "Endpoint", "Frame", "FrameCutter", "GroupMatcher", "LocalGroup", "RequestHead", "Routing", "api_name",
+    "Action", "Endpoint", "Frame", "FrameCutter", "GroupMatcher", "LocalGroup", "RequestHead",
+    "Routing", "api_name",
     "classify", "merge_listed_groups",
     "decode_response", "encode_request", "encode_response", "endpoints", "error_answer",
     "find_coordinator_answer", "intersect_api_versions", "rewrite",

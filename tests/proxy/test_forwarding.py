@@ -26,7 +26,7 @@ from coordinator.server.app import ServerHandle, run_server
 from protocol._codec import INT32
 from protocol.framing import FrameBuffer
 
-FETCH, LIST_OFFSETS = 1, 2
+PRODUCE, FETCH, LIST_OFFSETS = 0, 1, 2
 MAX_FRAME_BYTES = 16 * 1024 * 1024
 
 
@@ -240,3 +240,30 @@ async def test_a_client_that_does_not_read_stops_the_forwarding_of_its_requests(
             answers = await read_answers(client, count)
     assert [correlation_of(answer) for answer in answers] == list(range(1, count + 1))
     assert client_requests(upstream) == requests
+
+
+async def test_produce_requests_cut_anywhere_cross_byte_identical_in_order(
+        proxy: ServerHandle, upstream: ScriptedBroker) -> None:
+    """Produce frames (acks=1) go upstream as the client sent them, whether several arrive
+    in one read (each then a view of that read) or one spans many reads."""
+    rng = random.Random(5)
+    requests = []
+    for correlation in range(1, 41):
+        records = rng.randbytes(rng.choice((0, 100, 16_000, 300_000)))
+        # transactional id null, acks=1, timeout 30 s, then bytes the proxy never reads
+        body = (-1).to_bytes(2, "big", signed=True) + (1).to_bytes(2, "big") + \
+            (30_000).to_bytes(4, "big") + records
+        request = passthrough_request(PRODUCE, correlation, body)
+        requests.append(request[:6] + (7).to_bytes(2, "big") + request[8:])  # v7
+    stream = b"".join(requests)
+    cuts = sorted(rng.sample(range(1, len(stream)), 60))
+    async with await trio.open_tcp_stream("127.0.0.1", proxy.kafka_port) as client:
+        async with trio.open_nursery() as nursery:
+            async def send() -> None:
+                for start, end in zip([0, *cuts], [*cuts, len(stream)], strict=True):
+                    await client.send_all(stream[start:end])
+                    await trio.lowlevel.checkpoint()  # let the proxy read each piece
+            nursery.start_soon(send)
+            answers = await read_answers(client, len(requests))
+    assert client_requests(upstream) == requests
+    assert answers == [scripted_answer(request, 64) for request in requests]
