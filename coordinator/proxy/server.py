@@ -198,37 +198,52 @@ def _broken(error: OSError) -> trio.BrokenResourceError | trio.ClosedResourceErr
 
 
 class _ByteReader:
-    """Reads exact byte counts from a stream, or relays them to another stream."""
+    """Reads exact byte counts from a stream, or relays them to another stream.
+
+    What was received and not yet taken is the tail of one bytes object (`_data` from
+    `_start`): a read that starts a frame is kept as it came, so relaying the frame on
+    copies nothing; only a header or frame spanning reads is joined from its pieces."""
 
     def __init__(self, stream: trio.SocketStream | _Socket, rounds: _Loop | None = None
                  ) -> None:
         self.stream = stream
-        self._buffer = bytearray()
+        self._data = b""
+        self._start = 0
         self._rounds = rounds  # the reading task's turns (else a yield per read)
         self._chunk: memoryview | None = None  # `relay`'s buffer, never resized
 
     @property
     def buffered(self) -> int:
-        return len(self._buffer)
+        return len(self._data) - self._start
 
     def int32_at(self, offset: int) -> int:
-        return int(INT32.unpack_from(self._buffer, offset)[0])
+        return int(INT32.unpack_from(self._data, self._start + offset)[0])
 
-    async def _fill(self, limit: int) -> None:
+    async def _receive(self, limit: int) -> bytes:
         try:
             data = await self.stream.receive_some(max(limit, RECEIVE_BYTES))
         except (trio.BrokenResourceError, trio.ClosedResourceError) as error:
             raise UpstreamClosed(str(error)) from None
         if not data:
             raise UpstreamClosed("the upstream broker closed the connection")
-        self._buffer += data
+        return data
 
     async def fill(self, count: int) -> None:
         """Wait until at least `count` bytes are buffered."""
-        while len(self._buffer) < count:
-            if self._buffer:  # a frame longer than one read: let other tasks in between
+        have = self.buffered
+        if have >= count:
+            return
+        pieces: list[bytes | memoryview] = []
+        if have:
+            pieces.append(memoryview(self._data)[self._start:])
+        while have < count:
+            if have:  # a frame longer than one read: let other tasks in between
                 await self._end_round()
-            await self._fill(count - len(self._buffer))
+            data = await self._receive(count - have)
+            pieces.append(data)
+            have += len(data)
+        self._data = data if len(pieces) == 1 else b"".join(pieces)
+        self._start = 0
 
     async def _end_round(self) -> None:
         if self._rounds is None:
@@ -236,17 +251,22 @@ class _ByteReader:
         else:
             await self._rounds.end_round()
 
+    def _advance(self, count: int) -> None:
+        self._start += count
+        if self._start == len(self._data):
+            self._data, self._start = b"", 0
+
     async def read_exactly(self, count: int) -> bytes:
         await self.fill(count)
-        data = bytes(self._buffer[:count])
-        del self._buffer[:count]
+        data = self._data[self._start:self._start + count]
+        self._advance(count)
         return data
 
     def move_to(self, destination: bytearray, count: int) -> None:
         """Append the next `count` bytes, all buffered, to `destination` (one copy)."""
-        with memoryview(self._buffer) as view, view[:count] as part:
-            destination += part
-        del self._buffer[:count]
+        with memoryview(self._data) as view:
+            destination += view[self._start:self._start + count]
+        self._advance(count)
 
     async def relay(self, count: int, destination: _Socket, prefix: bytearray) -> None:
         """Send `prefix` (emptied after) and the next `count` bytes to `destination` as
@@ -256,15 +276,14 @@ class _ByteReader:
         costs a receive and a send per chunk and no copy in between."""
         stream = self.stream
         assert isinstance(stream, _Socket)
-        take = min(count, len(self._buffer))
+        take = min(count, self.buffered)
         if prefix or take:
-            parts = [memoryview(prefix), memoryview(self._buffer)[:take]]
+            parts = [memoryview(prefix), memoryview(self._data)[self._start:self._start + take]]
             try:
                 await destination.send_buffers(list(parts))
             finally:
-                for part in parts:  # the buffers are resized below
-                    part.release()
-            del self._buffer[:take]
+                parts[0].release()  # `prefix` is emptied below
+            self._advance(take)
             prefix.clear()
             count -= take
         while count > 0:
