@@ -14,9 +14,12 @@ so the next upstream response always belongs to the oldest upstream slot.
 
 The forwarding path is where the proxy spends its time, and on loopback its cost is per
 request and per socket call rather than per byte: the forwarded requests of one read go
-upstream in one send, the answers that are ready go to the client in one send, only a
-request's header is read (a Produce's acks too) unless its API needs more, and the
-sockets are called directly, yielding to trio once per round instead of once per call.
+upstream in one `sendmsg`, as views of the bytes the client sent (no copy); the answers
+that are ready go to the client in one send; the rest of a large answer crosses from
+socket to socket through a pipe (`os.splice`) without entering the proxy's memory; only
+a request's header is read (a Produce's acks too) unless its API needs more; and the
+sockets are called directly, a loop yielding to trio only after a few rounds in which no
+call had to wait (a wait yields anyway), not once per call or per round.
 """
 
 from __future__ import annotations
