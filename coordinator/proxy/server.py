@@ -29,7 +29,6 @@ import errno
 import fcntl
 import os
 import socket
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -317,7 +316,7 @@ class _ByteReader:
         if count > 0 and SPLICE:
             if self._pipe is None:
                 self._pipe = _Pipe()
-            await self._pipe.relay(stream, destination, count, self._end_round)
+            await self._pipe.relay(stream, destination, count)
             return
         while count > 0:
             if self._chunk is None:
@@ -330,7 +329,9 @@ class _ByteReader:
                 raise UpstreamClosed("the upstream broker closed the connection")
             count -= received
             await destination.send_buffers([self._chunk[:received]])
-            await self._end_round()  # a yield now and then (the socket calls need not)
+            # Once per chunk: a large answer holds the event loop (and the owned groups'
+            # heartbeats on it) for at most one chunk's receive and send.
+            await trio.lowlevel.checkpoint()
 
 
 class _Pipe:
@@ -349,11 +350,13 @@ class _Pipe:
         os.close(self.read_fd)
         os.close(self.write_fd)
 
-    async def relay(self, source: _Socket, destination: _Socket, count: int,
-                    end_round: Callable[[], Awaitable[None]]) -> None:
-        """Move exactly `count` bytes, as they arrive; the pipe is empty before and after."""
+    async def relay(self, source: _Socket, destination: _Socket, count: int) -> None:
+        """Move exactly `count` bytes, as they arrive; the pipe is empty before and after.
+        Yields at least once per pipeful, so a large answer holds the event loop (and the
+        owned groups' heartbeats on it) for at most that."""
         flags = os.SPLICE_F_MOVE | os.SPLICE_F_NONBLOCK
         while count > 0:
+            waited = False
             try:
                 moved = os.splice(source.fileno(), self.write_fd, min(count, self.size),
                                   flags=flags)
@@ -371,9 +374,11 @@ class _Pipe:
                                        flags=flags)
                 except BlockingIOError:  # the client's socket buffer is full
                     await destination.wait_writable()
+                    waited = True
                 except OSError as error:
                     raise _broken(error) from None
-            await end_round()  # a yield now and then (the socket calls need not)
+            if not waited:
+                await trio.lowlevel.checkpoint()
 
 
 @dataclass(eq=False)
