@@ -238,9 +238,9 @@ def test_frames_whole_in_one_read_are_views_of_that_read() -> None:
     assert cutter.buffered_bytes == 0
 
 
-@pytest.mark.parametrize("seed", range(20))
-def test_frames_cut_anywhere_across_reads_come_out_whole_and_in_order(seed: int) -> None:
-    rng = random.Random(seed)
+@pytest.mark.parametrize("case", range(20))
+def test_frames_cut_anywhere_across_reads_come_out_whole_and_in_order(case: int) -> None:
+    rng = random.Random(case)
     frames = _framed([rng.randbytes(rng.choice((0, 1, 3, 50, 5000, 70_000)))
                       for _ in range(12)])
     stream = b"".join(frames)
@@ -254,7 +254,7 @@ def test_frames_cut_anywhere_across_reads_come_out_whole_and_in_order(seed: int)
 
 
 @pytest.mark.parametrize("size", [-1, 1025])
-def test_a_bad_size_prefix_keeps_the_frames_before_it_and_stops_the_stream(size: int) -> None:
+def test_a_bad_size_prefix_keeps_the_frames_before_it_and_ends_the_stream(size: int) -> None:
     good = _framed([b"x" * 5])
     cutter = wire.FrameCutter(1024)
     cut = cutter.cut(good[0] + struct.pack(">i", size) + b"rest")
