@@ -18,9 +18,11 @@ front of the whole cluster. In proxy mode (`serve --upstream HOST:PORT[,...]`):
 
 Forwarded traffic is relayed as bytes: a request is only peeked at (API key, version,
 correlation id; the `acks` of a Produce, whose acks=0 form has no response; the group ids
-of group APIs), and a response is streamed through in chunks unless it is one of the few
-that carry addresses, which are decoded, rewritten and encoded again. So a heavy Fetch
-stream costs the event loop a few socket calls per chunk, not a decode per record batch.
+of group APIs) and goes upstream as a view of the bytes the client sent, and a response is
+passed on as it arrives (the rest of a large one from socket to socket inside the kernel,
+where there is `os.splice`) unless it is one of the few that carry addresses, which are
+decoded, rewritten and encoded again. So a heavy Fetch stream costs the event loop a few
+system calls per chunk, not a decode per record batch nor a copy of its bytes.
 
 `wire` is the sans-IO part (classification, rewriting, ApiVersions); `server` the trio
 listeners and connections.

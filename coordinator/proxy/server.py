@@ -14,15 +14,20 @@ so the next upstream response always belongs to the oldest upstream slot.
 
 The forwarding path is where the proxy spends its time, and on loopback its cost is per
 request and per socket call rather than per byte: the forwarded requests of one read go
-upstream in one send, the answers that are ready go to the client in one send, only a
-request's header is read (a Produce's acks too) unless its API needs more, and the
-sockets are called directly, yielding to trio once per round instead of once per call.
+upstream in one `sendmsg`, as views of the bytes the client sent (no copy); the answers
+that are ready go to the client in one send; the rest of a large answer crosses from
+socket to socket through a pipe (`os.splice`) without entering the proxy's memory; only
+a request's header is read (a Produce's acks too) unless its API needs more; and the
+sockets are called directly, a loop yielding to trio only after a few rounds in which no
+call had to wait (a wait yields anyway), not once per call or per round.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
+import os
 import socket
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -38,7 +43,6 @@ from protocol.errors import ErrorCode
 from protocol.framing import (
     REQUEST_CLASSES,
     SUPPORTED_APIS,
-    FrameBuffer,
     FrameError,
     MalformedRequest,
     MalformedResponse,
@@ -54,6 +58,9 @@ log = structlog.get_logger("connect_coordinator.proxy")
 RECEIVE_BYTES = 262_144
 MAX_IN_FLIGHT = 100  # per connection; Kafka clients send at most 5 by default
 FLUSH_BYTES = 1_048_576  # forwarded requests are sent upstream at least this often
+SEND_BUFFERS = 512  # buffers per `sendmsg` (Linux takes at most 1024)
+PIPE_BYTES = 1_048_576  # asked of the kernel for a relay's pipe (it may give less)
+SPLICE = hasattr(os, "splice")  # Linux: large answers cross inside the kernel (`_Pipe`)
 
 
 def parse_upstream(address: str) -> tuple[str, int]:
@@ -65,6 +72,46 @@ class UpstreamClosed(Exception):
     """The upstream broker closed the connection (or it broke) mid-response."""
 
 
+class _Turns:
+    """Lets a forwarding loop yield to trio only when it has not for a while.
+
+    Every wait of a proxy socket is counted (`waited`); a wait yields, and while a task
+    runs without yielding no other task can wait, so an unchanged count since a loop's
+    last round means that round did not yield. `end_round` yields after `rounds` such
+    rounds in a row: a busy connection still lets the others (and cancellation) in, and
+    a round that waited anyway, the usual case, costs no second pass through the
+    scheduler."""
+
+    def __init__(self, rounds: int = 8) -> None:
+        self.waits = 0
+        self.rounds = rounds
+
+    def waited(self) -> None:
+        self.waits += 1
+
+    def loop(self) -> _Loop:
+        return _Loop(self)
+
+
+class _Loop:
+    __slots__ = ("_turns", "_seen", "_rounds")
+
+    def __init__(self, turns: _Turns) -> None:
+        self._turns = turns
+        self._seen = turns.waits
+        self._rounds = 0
+
+    async def end_round(self) -> None:
+        waits = self._turns.waits
+        if waits != self._seen:
+            self._seen, self._rounds = waits, 0
+            return
+        self._rounds += 1
+        if self._rounds >= self._turns.rounds:
+            await trio.lowlevel.checkpoint()
+            self._seen, self._rounds = self._turns.waits, 0
+
+
 class _Socket:
     """A connected TCP socket the forwarding path reads and writes with direct non-blocking
     calls, waiting through trio only when the call would block.
@@ -72,12 +119,14 @@ class _Socket:
     A forwarded request costs a few socket calls; through trio's stream each one also pays
     for its wrappers and a pass through the scheduler, which together cost more than the
     call. Here a call that succeeds at once does not yield: the loops that use it yield
-    once per round (`trio.lowlevel.checkpoint`), so other tasks still run and cancellation
-    still arrives. Closing goes through the trio stream, which wakes any waiter."""
+    once every few rounds that did not wait (`_Turns`), so other tasks still run and
+    cancellation still arrives. Closing goes through the trio stream, which wakes any
+    waiter."""
 
-    def __init__(self, stream: trio.SocketStream) -> None:
+    def __init__(self, stream: trio.SocketStream, turns: _Turns) -> None:
         self._socket = socket.socket(fileno=stream.socket.detach())
         self.stream = trio.SocketStream(trio.socket.from_stdlib_socket(self._socket))
+        self._turns = turns
 
     async def receive_some(self, max_bytes: int) -> bytes:
         while True:
@@ -87,9 +136,10 @@ class _Socket:
                 pass
             except OSError as error:
                 raise _broken(error) from None
+            self._turns.waited()
             await trio.lowlevel.wait_readable(self._socket)
 
-    async def send_all(self, data: bytes) -> None:
+    async def send_all(self, data: bytes | bytearray) -> None:
         view: memoryview | None = None  # only once a send was partial
         sent = 0
         try:
@@ -97,6 +147,7 @@ class _Socket:
                 try:
                     sent += self._socket.send(data if view is None else view[sent:])
                 except BlockingIOError:
+                    self._turns.waited()
                     await trio.lowlevel.wait_writable(self._socket)
                 except OSError as error:
                     raise _broken(error) from None
@@ -105,6 +156,57 @@ class _Socket:
         finally:
             if view is not None:
                 view.release()
+
+    async def send_buffers(self, buffers: list[memoryview]) -> None:
+        """Send the buffers in order, as one `sendmsg` where the kernel takes them all
+        (the forwarded frames of one read, each a view of what the client sent)."""
+        try:
+            await self._send_buffers(buffers)
+        finally:
+            buffers.clear()  # no view outlives the call, even in a traceback
+
+    async def _send_buffers(self, buffers: list[memoryview]) -> None:
+        while buffers:
+            try:
+                sent = self._socket.sendmsg(buffers[:SEND_BUFFERS])
+            except BlockingIOError:
+                self._turns.waited()
+                await trio.lowlevel.wait_writable(self._socket)
+                continue
+            except OSError as error:
+                raise _broken(error) from None
+            done = 0
+            while done < len(buffers) and sent >= len(buffers[done]):
+                sent -= len(buffers[done])
+                done += 1
+            del buffers[:done]
+            if sent:
+                buffers[0] = buffers[0][sent:]
+
+    async def receive_into(self, buffer: memoryview) -> int:
+        while True:
+            try:
+                return self._socket.recv_into(buffer)
+            except BlockingIOError:
+                pass
+            except OSError as error:
+                raise _broken(error) from None
+            self._turns.waited()
+            await trio.lowlevel.wait_readable(self._socket)
+
+    def fileno(self) -> int:
+        number = self._socket.fileno()
+        if number < 0:
+            raise trio.ClosedResourceError("the socket was closed")
+        return number
+
+    async def wait_readable(self) -> None:
+        self._turns.waited()
+        await trio.lowlevel.wait_readable(self._socket)
+
+    async def wait_writable(self) -> None:
+        self._turns.waited()
+        await trio.lowlevel.wait_writable(self._socket)
 
     async def aclose(self) -> None:
         await self.stream.aclose()
@@ -117,72 +219,166 @@ def _broken(error: OSError) -> trio.BrokenResourceError | trio.ClosedResourceErr
 
 
 class _ByteReader:
-    """Reads exact byte counts from a stream, or relays them to another stream."""
+    """Reads exact byte counts from a stream, or relays them to another stream.
 
-    def __init__(self, stream: trio.SocketStream | _Socket) -> None:
+    What was received and not yet taken is the tail of one bytes object (`_data` from
+    `_start`): a read that starts a frame is kept as it came, so relaying the frame on
+    copies nothing; only a header or frame spanning reads is joined from its pieces."""
+
+    def __init__(self, stream: trio.SocketStream | _Socket, rounds: _Loop | None = None
+                 ) -> None:
         self.stream = stream
-        self._buffer = bytearray()
+        self._data = b""
+        self._start = 0
+        self._rounds = rounds  # the reading task's turns (else a yield per read)
+        self._chunk: memoryview | None = None  # `relay`'s buffer, never resized
+        self._pipe: _Pipe | None = None  # `relay`'s pipe, where there is `os.splice`
+
+    def close(self) -> None:
+        if self._pipe is not None:
+            self._pipe.close()
+            self._pipe = None
 
     @property
     def buffered(self) -> int:
-        return len(self._buffer)
+        return len(self._data) - self._start
 
     def int32_at(self, offset: int) -> int:
-        return int(INT32.unpack_from(self._buffer, offset)[0])
+        return int(INT32.unpack_from(self._data, self._start + offset)[0])
 
-    async def _fill(self, limit: int) -> None:
+    async def _receive(self, limit: int) -> bytes:
         try:
             data = await self.stream.receive_some(max(limit, RECEIVE_BYTES))
         except (trio.BrokenResourceError, trio.ClosedResourceError) as error:
             raise UpstreamClosed(str(error)) from None
         if not data:
             raise UpstreamClosed("the upstream broker closed the connection")
-        self._buffer += data
+        return data
 
     async def fill(self, count: int) -> None:
         """Wait until at least `count` bytes are buffered."""
-        while len(self._buffer) < count:
-            if self._buffer:  # a frame longer than one read: let other tasks in between
-                await trio.lowlevel.checkpoint()
-            await self._fill(count - len(self._buffer))
+        have = self.buffered
+        if have >= count:
+            return
+        pieces: list[bytes | memoryview] = []
+        if have:
+            pieces.append(memoryview(self._data)[self._start:])
+        while have < count:
+            if have:  # a frame longer than one read: let other tasks in between
+                await self._end_round()
+            data = await self._receive(count - have)
+            pieces.append(data)
+            have += len(data)
+        self._data = data if len(pieces) == 1 else b"".join(pieces)
+        self._start = 0
+
+    async def _end_round(self) -> None:
+        if self._rounds is None:
+            await trio.lowlevel.checkpoint()
+        else:
+            await self._rounds.end_round()
+
+    def _advance(self, count: int) -> None:
+        self._start += count
+        if self._start == len(self._data):
+            self._data, self._start = b"", 0
 
     async def read_exactly(self, count: int) -> bytes:
         await self.fill(count)
-        data = bytes(self._buffer[:count])
-        del self._buffer[:count]
+        data = self._data[self._start:self._start + count]
+        self._advance(count)
         return data
 
     def move_to(self, destination: bytearray, count: int) -> None:
         """Append the next `count` bytes, all buffered, to `destination` (one copy)."""
-        with memoryview(self._buffer) as view, view[:count] as part:
-            destination += part
-        del self._buffer[:count]
+        with memoryview(self._data) as view:
+            destination += view[self._start:self._start + count]
+        self._advance(count)
 
-    async def relay(self, count: int, destination: _Socket, prefix: bytes = b"") -> None:
-        """Send `prefix` and the next `count` bytes to `destination` as they arrive: what
-        is buffered in one send with the prefix (a send on loopback costs more than a
-        copy), the rest read no further than the frame's end and passed on as received,
-        so a large Fetch response costs a receive and a send per chunk, no other copy."""
-        if self._buffer:
-            take = min(count, len(self._buffer))
-            chunk = prefix + self._buffer[:take]
-            del self._buffer[:take]
-            count -= take
-            prefix = b""
-            await destination.send_all(chunk)
-        while count > 0:
+    async def relay(self, count: int, destination: _Socket, prefix: bytearray) -> None:
+        """Send `prefix` (emptied after) and the next `count` bytes to `destination` as
+        they arrive: what is buffered goes out with the prefix in one `sendmsg` (a send on
+        loopback costs more than gathering), the rest is read no further than the frame's
+        end into one reused buffer and passed on as received, so a large Fetch response
+        costs a receive and a send per chunk and no copy in between."""
+        stream = self.stream
+        assert isinstance(stream, _Socket)
+        take = min(count, self.buffered)
+        if prefix or take:
+            parts = [memoryview(prefix), memoryview(self._data)[self._start:self._start + take]]
             try:
-                data = await self.stream.receive_some(min(count, RECEIVE_BYTES))
+                await destination.send_buffers(list(parts))
+            finally:
+                parts[0].release()  # `prefix` is emptied below
+            self._advance(take)
+            prefix.clear()
+            count -= take
+        if count > 0 and SPLICE:
+            if self._pipe is None:
+                self._pipe = _Pipe()
+            await self._pipe.relay(stream, destination, count)
+            return
+        while count > 0:
+            if self._chunk is None:
+                self._chunk = memoryview(bytearray(RECEIVE_BYTES))
+            try:
+                received = await stream.receive_into(self._chunk[:min(count, RECEIVE_BYTES)])
             except (trio.BrokenResourceError, trio.ClosedResourceError) as error:
                 raise UpstreamClosed(str(error)) from None
-            if not data:
+            if not received:
                 raise UpstreamClosed("the upstream broker closed the connection")
-            count -= len(data)
-            await destination.send_all(prefix + data if prefix else data)
-            prefix = b""
-            await trio.lowlevel.checkpoint()  # once per chunk (the socket calls need not)
-        if prefix:
-            await destination.send_all(prefix)
+            count -= received
+            await destination.send_buffers([self._chunk[:received]])
+            # Once per chunk: a large answer holds the event loop (and the owned groups'
+            # heartbeats on it) for at most one chunk's receive and send.
+            await trio.lowlevel.checkpoint()
+
+
+class _Pipe:
+    """Moves the rest of a large answer from the upstream socket to the client's inside the
+    kernel: `os.splice` into a pipe, then out of it, the pages handed on rather than
+    copied into the proxy and out again (a 1 MB Fetch answer otherwise costs two copies
+    of its bytes and the allocations around them)."""
+
+    def __init__(self) -> None:
+        self.read_fd, self.write_fd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        with contextlib.suppress(OSError):  # a larger pipe is fewer calls per answer
+            fcntl.fcntl(self.write_fd, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
+        self.size = fcntl.fcntl(self.write_fd, fcntl.F_GETPIPE_SZ)
+
+    def close(self) -> None:
+        os.close(self.read_fd)
+        os.close(self.write_fd)
+
+    async def relay(self, source: _Socket, destination: _Socket, count: int) -> None:
+        """Move exactly `count` bytes, as they arrive; the pipe is empty before and after.
+        Yields at least once per pipeful, so a large answer holds the event loop (and the
+        owned groups' heartbeats on it) for at most that."""
+        flags = os.SPLICE_F_MOVE | os.SPLICE_F_NONBLOCK
+        while count > 0:
+            waited = False
+            try:
+                moved = os.splice(source.fileno(), self.write_fd, min(count, self.size),
+                                  flags=flags)
+            except BlockingIOError:  # the pipe is empty: the socket has nothing yet
+                await source.wait_readable()
+                continue
+            except OSError as error:
+                raise UpstreamClosed(str(error)) from None
+            if not moved:
+                raise UpstreamClosed("the upstream broker closed the connection")
+            count -= moved
+            while moved:
+                try:
+                    moved -= os.splice(self.read_fd, destination.fileno(), moved,
+                                       flags=flags)
+                except BlockingIOError:  # the client's socket buffer is full
+                    await destination.wait_writable()
+                    waited = True
+                except OSError as error:
+                    raise _broken(error) from None
+            if not waited:
+                await trio.lowlevel.checkpoint()
 
 
 @dataclass(eq=False)
@@ -228,6 +424,7 @@ class ProxyServer:
         self.node_addresses: dict[int, tuple[str, int]] = {}  # node id -> upstream address
         self.node_ports: dict[int, int] = {}  # node id -> local port
         self._bind_lock = trio.Lock()
+        self.turns = _Turns()
         self._accept_nursery: trio.Nursery | None = None
         self._connection_nursery: trio.Nursery | None = None
         self._accepting: trio.CancelScope | None = None
@@ -398,7 +595,7 @@ class _Connection:
         self.node = node  # None: the bootstrap listener
         self.upstream: _Socket | None = None
         self.responses: _ByteReader | None = None
-        self._outgoing: list[bytes] = []  # forwarded requests not yet sent upstream
+        self._outgoing: list[memoryview] = []  # forwarded requests not yet sent upstream
         self._outgoing_bytes = 0
         try:
             self.peer: Any = client.socket.getpeername()
@@ -406,7 +603,10 @@ class _Connection:
             self.peer = None
         # The problems of the requests answered locally, logged as a connection's are.
         self.problems = ProblemLog(peer=self.peer)
-        self.client = _Socket(client)
+        self.client = _Socket(client, proxy.turns)
+        # Each task's rounds of socket calls, yielding only every few that did not wait.
+        self._reading = proxy.turns.loop()
+        self._writing = proxy.turns.loop()
 
     async def run(self) -> None:
         metrics = self.proxy.metrics
@@ -421,6 +621,8 @@ class _Connection:
             log.exception("proxy_connection_failed", peer=self.peer)
         finally:
             metrics.connections.dec()
+            if self.responses is not None:
+                self.responses.close()
             if self.upstream is not None:
                 with trio.CancelScope(shield=True):
                     await self.upstream.aclose()
@@ -429,12 +631,12 @@ class _Connection:
 
     async def _read_requests(self, slots: trio.MemorySendChannel[_Slot],
                              nursery: trio.Nursery) -> None:
-        frames = FrameBuffer(self.proxy.max_frame_bytes)
+        frames = wire.FrameCutter(self.proxy.max_frame_bytes)
         with contextlib.suppress(trio.BrokenResourceError):  # the writer stopped: closing
             async with slots:
                 await self._requests(frames, slots, nursery)
 
-    async def _requests(self, frames: FrameBuffer, slots: trio.MemorySendChannel[_Slot],
+    async def _requests(self, frames: wire.FrameCutter, slots: trio.MemorySendChannel[_Slot],
                         nursery: trio.Nursery) -> None:
         while True:
             try:
@@ -446,14 +648,9 @@ class _Connection:
                 # (local answers in flight finish, shielded, before the close).
                 nursery.cancel_scope.cancel()
                 return
-            try:
-                frames.feed(data)
-            except FrameError as error:
-                await self._close_after(slots, f"bad frame: {error}")
-                return
             # The forwarded requests of one read go upstream in one send.
             going_on = True
-            for frame in frames:
+            for frame in frames.cut(data):
                 going_on = await self._request(frame, slots, nursery)
                 if not going_on or self._outgoing_bytes >= FLUSH_BYTES:
                     going_on = await self._flush(slots) and going_on
@@ -461,17 +658,20 @@ class _Connection:
                     break
             if not (await self._flush(slots) and going_on):
                 return
-            await trio.lowlevel.checkpoint()  # once per read (the socket calls need not)
+            if frames.error is not None:
+                await self._close_after(slots, f"bad frame: {frames.error}")
+                return
+            await self._reading.end_round()  # a yield now and then, not per call
 
     async def _flush(self, slots: trio.MemorySendChannel[_Slot]) -> bool:
         if not self._outgoing:
             return True
         assert self.upstream is not None
-        data = b"".join(self._outgoing)
-        self._outgoing.clear()
+        buffers = self._outgoing
+        self._outgoing = []
         self._outgoing_bytes = 0
         try:
-            await self.upstream.send_all(data)
+            await self.upstream.send_buffers(buffers)
         except (trio.BrokenResourceError, trio.ClosedResourceError) as error:
             self.proxy.metrics.upstream_failure("closed")
             log.warning("proxy_upstream_send_failed", error=str(error), peer=self.peer)
@@ -489,15 +689,16 @@ class _Connection:
         except trio.WouldBlock:
             await self._flush(slots)
             await slots.send(slot)
-
     async def _close_after(self, slots: trio.MemorySendChannel[_Slot], reason: str) -> None:
         """Answer what came before, then close the connection."""
         await self._queue(slots, _Slot.answered(None, None, reason))
 
-    async def _request(self, frame: bytes, slots: trio.MemorySendChannel[_Slot],
+    async def _request(self, framed: memoryview, slots: trio.MemorySendChannel[_Slot],
                        nursery: trio.Nursery) -> bool:
-        """Route one request; False when the connection is to close after earlier answers."""
+        """Route one request (`framed`: its size prefix, then the frame); False when the
+        connection is to close after earlier answers."""
         proxy = self.proxy
+        frame = framed[4:]
         try:
             routing = wire.classify(frame, proxy.owned)
         except MalformedRequest as error:
@@ -514,9 +715,9 @@ class _Connection:
             proxy.metrics.owned(head.api_key)
             slot = _Slot.pending(routing)
             await self._queue(slots, slot)
-            nursery.start_soon(self._answer_locally, frame, routing, slot)
+            nursery.start_soon(self._answer_locally, bytes(frame), routing, slot)
             return True
-        return await self._forward(frame, routing, slots)
+        return await self._forward(framed, routing, slots)
 
     async def _answer_locally(self, frame: bytes, routing: wire.Routing, slot: _Slot) -> None:
         head = routing.head
@@ -537,7 +738,7 @@ class _Connection:
         slot.finish(wire.error_answer(head.api_key, head.api_version, head.correlation_id,
                                       ErrorCode.UNSUPPORTED_VERSION, message), message)
 
-    async def _forward(self, frame: bytes, routing: wire.Routing,
+    async def _forward(self, framed: memoryview, routing: wire.Routing,
                        slots: trio.MemorySendChannel[_Slot]) -> bool:
         head = routing.head
         proxy = self.proxy
@@ -555,10 +756,9 @@ class _Connection:
         # expects its response before it can arrive.
         if routing.expects_response:
             await self._queue(slots, _Slot(routing, upstream=True))
-        self._outgoing.append(INT32.pack(len(frame)))
-        self._outgoing.append(frame)
-        self._outgoing_bytes += len(frame) + 4
-        proxy.metrics.forwarded(head.api_key, len(frame) + 4)
+        self._outgoing.append(framed)  # as it came: no copy
+        self._outgoing_bytes += len(framed)
+        proxy.metrics.forwarded(head.api_key, len(framed))
         return True
 
     async def _connect_upstream(self) -> bool:
@@ -576,11 +776,12 @@ class _Connection:
         for host, port in addresses:
             try:
                 with trio.fail_after(proxy.connect_timeout_s):
-                    self.upstream = _Socket(await trio.open_tcp_stream(host, port))
+                    self.upstream = _Socket(await trio.open_tcp_stream(host, port),
+                                            proxy.turns)
             except (OSError, trio.TooSlowError) as error:
                 errors.append(f"{host}:{port}: {error or 'timed out'}")
                 continue
-            self.responses = _ByteReader(self.upstream)
+            self.responses = _ByteReader(self.upstream, self._writing)
             return True
         proxy.metrics.upstream_failure("connect")
         log.warning("proxy_upstream_unreachable", node_id=self.node, peer=self.peer,
@@ -633,10 +834,9 @@ class _Connection:
 
     async def _send(self, ready: bytearray) -> None:
         if ready:
-            data = bytes(ready)
+            await self.client.send_all(ready)
             ready.clear()
-            await self.client.send_all(data)
-            await trio.lowlevel.checkpoint()  # once per batch (the socket calls need not)
+            await self._writing.end_round()  # a yield now and then, not per call
 
     async def _relay_response(self, slot: _Slot, ready: bytearray) -> None:
         """The next upstream response: added to `ready` when it is all there (after its
@@ -664,9 +864,7 @@ class _Connection:
             responses.move_to(ready, size + 4)
             self.proxy.metrics.relayed(head.api_key, size + 4)
         else:
-            pending = bytes(ready)
-            ready.clear()
-            await responses.relay(size + 4, self.client, prefix=pending)
+            await responses.relay(size + 4, self.client, prefix=ready)
             self.proxy.metrics.relayed(head.api_key, size + 4)
 
     async def _rewritten(self, frame: bytes, routing: wire.Routing) -> bytes:

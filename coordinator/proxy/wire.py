@@ -33,7 +33,14 @@ from kio.static.primitive import i16, i32
 
 from protocol import classic as classic_apis
 from protocol._codec import INT16, INT32, EntityDecodeError, read_entity, write_entity
-from protocol.framing import MalformedRequest, MalformedResponse, zero_entity
+from protocol.framing import (
+    FrameError,
+    FrameTooLarge,
+    MalformedFrame,
+    MalformedRequest,
+    MalformedResponse,
+    zero_entity,
+)
 
 PRODUCE = 0
 FETCH = 1
@@ -115,6 +122,64 @@ def is_flexible(api_key: int, api_version: int) -> bool:
 
 # -- requests ------------------------------------------------------------------------------
 
+Frame = bytes | memoryview
+"""A request frame as the proxy reads it: a view into the bytes one read returned where
+the frame lay whole in that read, so forwarding it copies nothing."""
+
+
+class FrameCutter:
+    """Cuts a client's byte stream into request frames, copying as little as it can.
+
+    The frames that lie whole in one read come back as views of that read's bytes (size
+    prefix included), so a forwarded frame reaches the upstream socket with no copy in
+    between; only a frame that spans reads is gathered (its pieces appended as they come,
+    then taken as bytes once it is whole). Views of immutable bytes stay valid as long as
+    they are held. A size prefix is checked as soon as its 4 bytes are there; after a bad
+    one, the frames before it are still returned and `error` is set: the stream is out of
+    sync and every later `cut` raises it.
+    """
+
+    def __init__(self, max_frame_bytes: int) -> None:
+        self.max_frame_bytes = max_frame_bytes
+        self._pending = bytearray()  # the start of a frame that the next reads continue
+        self._needed = 0  # bytes `_pending` must hold before cutting again is worth it
+        self.error: FrameError | None = None
+
+    @property
+    def buffered_bytes(self) -> int:
+        return len(self._pending)
+
+    def cut(self, data: bytes) -> list[memoryview]:
+        """The frames `data` completes, in order, each a view with its size prefix."""
+        if self.error is not None:
+            raise self.error
+        if self._pending:
+            self._pending += data
+            if len(self._pending) < self._needed:
+                return []
+            data = bytes(self._pending)
+            self._pending = bytearray()
+        frames: list[memoryview] = []
+        view = memoryview(data)
+        start, length = 0, len(data)
+        self._needed = 4
+        while length - start >= 4:
+            size = INT32.unpack_from(data, start)[0]
+            if size < 0 or size > self.max_frame_bytes:
+                self.error = (MalformedFrame(f"negative frame size {size}") if size < 0
+                              else FrameTooLarge(size, self.max_frame_bytes))
+                return frames
+            end = start + 4 + size
+            if end > length:
+                self._needed = end - start
+                break
+            frames.append(view[start:end])
+            start = end
+        if start < length:
+            self._pending += view[start:]
+        return frames
+
+
 
 @dataclass(frozen=True, slots=True)
 class RequestHead:
@@ -123,7 +188,7 @@ class RequestHead:
     correlation_id: int
 
 
-def peek(frame: bytes) -> RequestHead:
+def peek(frame: Frame) -> RequestHead:
     """The fixed start of every request header (the same in every header version)."""
     if len(frame) < 8:
         raise MalformedRequest(f"request header truncated: {len(frame)} bytes, need 8")
@@ -131,13 +196,14 @@ def peek(frame: bytes) -> RequestHead:
                        INT32.unpack_from(frame, 4)[0])
 
 
-def decode_request(frame: bytes, head: RequestHead) -> Any:
+def decode_request(frame: Frame, head: RequestHead) -> Any:
     """The request body as a kio entity (only for the small requests the proxy must read)."""
     if not _has_schema(head.api_key, head.api_version):
         raise MalformedRequest(f"API {head.api_key} v{head.api_version} is beyond what the "
                                "proxy offered in ApiVersions")
     flexible = is_flexible(head.api_key, head.api_version)
     header_type = RequestHeaderV2 if flexible else RequestHeaderV1
+    frame = bytes(frame)  # (only the small requests the proxy must read come here)
     try:
         _, offset = read_entity(header_type, frame, 0)
         body, _ = read_entity(_request_type(head.api_key, head.api_version), frame, offset)
@@ -146,7 +212,7 @@ def decode_request(frame: bytes, head: RequestHead) -> Any:
     return body
 
 
-def _read_uvarint(frame: bytes, offset: int) -> tuple[int, int]:
+def _read_uvarint(frame: Frame, offset: int) -> tuple[int, int]:
     value = shift = 0
     while True:
         if offset >= len(frame) or shift > 28:
@@ -159,7 +225,7 @@ def _read_uvarint(frame: bytes, offset: int) -> tuple[int, int]:
         shift += 7
 
 
-def produce_acks(frame: bytes, head: RequestHead) -> int:
+def produce_acks(frame: Frame, head: RequestHead) -> int:
     """The `acks` of a Produce request, read without decoding its records: after the
     header come the nullable transactional id and then acks (int16)."""
     flexible = head.api_version >= 9
@@ -235,7 +301,7 @@ class GroupMatcher:
         return self._regex.fullmatch(group_id) is not None
 
 
-def classify(frame: bytes, owned: Callable[[str], bool]) -> Routing:
+def classify(frame: Frame, owned: Callable[[str], bool]) -> Routing:
     """What to do with one request frame. Raises MalformedRequest for a frame too short to
     have a header, or a group request that does not parse."""
     head = peek(frame)
@@ -492,7 +558,8 @@ def intersect_api_versions(body: Any, local: Mapping[int, tuple[int, int]],
 
 
 __all__ = [
-    "Action", "Endpoint", "GroupMatcher", "LocalGroup", "RequestHead", "Routing", "api_name",
+    "Action", "Endpoint", "Frame", "FrameCutter", "GroupMatcher", "LocalGroup", "RequestHead",
+    "Routing", "api_name",
     "classify", "merge_listed_groups",
     "decode_response", "encode_request", "encode_response", "endpoints", "error_answer",
     "find_coordinator_answer", "intersect_api_versions", "rewrite",

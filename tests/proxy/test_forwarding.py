@@ -8,6 +8,7 @@ still be rewritten when they arrive among others.
 
 from __future__ import annotations
 
+import os
 import random
 from collections.abc import AsyncIterator
 from datetime import timedelta
@@ -20,13 +21,13 @@ from kio.schema.metadata.v12.response import MetadataResponse, MetadataResponseB
 from kio.static.primitive import i8, i32, i32Timedelta
 
 from coordinator.config import ServerConfig
-from coordinator.proxy import wire
+from coordinator.proxy import server, wire
 from coordinator.proxy.server import MAX_IN_FLIGHT
 from coordinator.server.app import ServerHandle, run_server
 from protocol._codec import INT32
 from protocol.framing import FrameBuffer
 
-FETCH, LIST_OFFSETS = 1, 2
+PRODUCE, FETCH, LIST_OFFSETS = 0, 1, 2
 MAX_FRAME_BYTES = 16 * 1024 * 1024
 
 
@@ -240,3 +241,74 @@ async def test_a_client_that_does_not_read_stops_the_forwarding_of_its_requests(
             answers = await read_answers(client, count)
     assert [correlation_of(answer) for answer in answers] == list(range(1, count + 1))
     assert client_requests(upstream) == requests
+
+
+async def test_produce_requests_cut_anywhere_cross_byte_identical_in_order(
+        proxy: ServerHandle, upstream: ScriptedBroker) -> None:
+    """Produce frames (acks=1) go upstream as the client sent them, whether several arrive
+    in one read (each then a view of that read) or one spans many reads."""
+    rng = random.Random(5)
+    requests = []
+    for correlation in range(1, 41):
+        records = rng.randbytes(rng.choice((0, 100, 16_000, 300_000)))
+        # transactional id null, acks=1, timeout 30 s, then bytes the proxy never reads
+        body = (-1).to_bytes(2, "big", signed=True) + (1).to_bytes(2, "big") + \
+            (30_000).to_bytes(4, "big") + records
+        request = passthrough_request(PRODUCE, correlation, body)
+        requests.append(request[:6] + (7).to_bytes(2, "big") + request[8:])  # v7
+    stream = b"".join(requests)
+    cuts = sorted(rng.sample(range(1, len(stream)), 60))
+    async with await trio.open_tcp_stream("127.0.0.1", proxy.kafka_port) as client:
+        async with trio.open_nursery() as nursery:
+            async def send() -> None:
+                for start, end in zip([0, *cuts], [*cuts, len(stream)], strict=True):
+                    await client.send_all(stream[start:end])
+                    await trio.lowlevel.checkpoint()  # let the proxy read each piece
+            nursery.start_soon(send)
+            answers = await read_answers(client, len(requests))
+    assert client_requests(upstream) == requests
+    assert answers == [scripted_answer(request, 64) for request in requests]
+
+
+@pytest.mark.parametrize("splice", [True, False])
+async def test_large_answers_cross_byte_identical_through_the_pipe_or_without(
+        proxy: ServerHandle, upstream: ScriptedBroker, monkeypatch: pytest.MonkeyPatch,
+        splice: bool) -> None:
+    """Where the kernel can splice, the rest of a large answer crosses through a pipe;
+    either way the client gets the upstream's bytes, in order, behind smaller answers."""
+    if splice and not server.SPLICE:
+        pytest.skip("no os.splice here")
+    monkeypatch.setattr(server, "SPLICE", splice)
+    rng = random.Random(6)
+    requests = [passthrough_request(FETCH, correlation, rng.randbytes(30))
+                for correlation in range(1, 9)]
+    upstream.answer_sizes = {1: 10, 2: 2_500_000, 3: 5, 4: 1_048_576, 5: 300_000,
+                             6: 70_000, 7: 4_000_000, 8: 1}
+    async with await trio.open_tcp_stream("127.0.0.1", proxy.kafka_port) as client:
+        await client.send_all(b"".join(requests))
+        answers = await read_answers(client, len(requests))
+    assert answers == [scripted_answer(request, upstream.answer_sizes[
+        request_correlation(request)]) for request in requests]
+
+
+def open_descriptors() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.skipif(not server.SPLICE, reason="no os.splice here")
+async def test_a_connections_pipe_is_closed_with_it(
+        proxy: ServerHandle, upstream: ScriptedBroker) -> None:
+    request = passthrough_request(FETCH, 1, b"large")
+    upstream.answer_sizes = {1: 2_000_000}
+    async with await trio.open_tcp_stream("127.0.0.1", proxy.kafka_port) as client:
+        await client.send_all(request)
+        [answer] = await read_answers(client, 1)
+        assert answer == scripted_answer(request, 2_000_000)
+        during = open_descriptors()
+    # The client, the proxy's two sockets, the upstream's socket and the pipe's two ends
+    # are all closed once the proxy has seen the client go.
+    for _ in range(200):
+        if open_descriptors() <= during - 6:
+            break
+        await trio.sleep(0.05)
+    assert open_descriptors() <= during - 6

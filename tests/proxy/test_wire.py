@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import struct
 from datetime import timedelta
 
@@ -218,3 +219,60 @@ def test_list_groups_is_the_upstreams_list_with_the_owned_groups_ours() -> None:
     merged = wire.merge_listed_groups(older, None, local, OWNED)
     assert [g.group_id for g in merged.groups] == ["connect-a", "connect-b", "x"]
     assert not hasattr(merged.groups[0], "group_type")
+
+
+# -- cutting request frames ------------------------------------------------------------------
+
+
+def _framed(payloads: list[bytes]) -> list[bytes]:
+    return [struct.pack(">i", len(payload)) + payload for payload in payloads]
+
+
+def test_frames_whole_in_one_read_are_views_of_that_read() -> None:
+    frames = _framed([b"a" * 10, b"", b"b" * 300])
+    data = b"".join(frames)
+    cutter = wire.FrameCutter(1024)
+    cut = cutter.cut(data)
+    assert [bytes(frame) for frame in cut] == frames
+    assert all(frame.obj is data for frame in cut)  # no copy
+    assert cutter.buffered_bytes == 0
+
+
+@pytest.mark.parametrize("case", range(20))
+def test_frames_cut_anywhere_across_reads_come_out_whole_and_in_order(case: int) -> None:
+    rng = random.Random(case)
+    frames = _framed([rng.randbytes(rng.choice((0, 1, 3, 50, 5000, 70_000)))
+                      for _ in range(12)])
+    stream = b"".join(frames)
+    cuts = sorted(rng.sample(range(1, len(stream)), rng.randrange(1, 40)))
+    cutter = wire.FrameCutter(100_000)
+    out: list[bytes] = []
+    for start, end in zip([0, *cuts], [*cuts, len(stream)], strict=True):
+        out += [bytes(frame) for frame in cutter.cut(stream[start:end])]
+    assert out == frames
+    assert cutter.buffered_bytes == 0 and cutter.error is None
+
+
+@pytest.mark.parametrize("size", [-1, 1025])
+def test_a_bad_size_prefix_keeps_the_frames_before_it_and_ends_the_stream(size: int) -> None:
+    good = _framed([b"x" * 5])
+    cutter = wire.FrameCutter(1024)
+    cut = cutter.cut(good[0] + struct.pack(">i", size) + b"rest")
+    assert [bytes(frame) for frame in cut] == good
+    assert cutter.error is not None
+    with pytest.raises(type(cutter.error)):
+        cutter.cut(good[0])
+
+
+def test_produce_and_fetch_frames_classify_as_views() -> None:
+    body = ProduceV9(transactional_id=None, acks=i16(1),
+                     timeout=i32Timedelta.parse(timedelta(seconds=1)), topic_data=())
+    framed = wire.encode_request(wire.PRODUCE, 9, 41, body)
+    [frame] = wire.FrameCutter(1024).cut(framed)
+    routing = wire.classify(frame[4:], OWNED)
+    assert routing.head == wire.RequestHead(wire.PRODUCE, 9, 41)
+    assert routing.action is Action.FORWARD and routing.expects_response
+    # A request the proxy must read is decoded from a view as well.
+    [find] = wire.FrameCutter(1024).cut(wire.encode_request(
+        wire.FIND_COORDINATOR, 6, 42, FindV6(key_type=i8(0), coordinator_keys=("connect-a",))))
+    assert wire.classify(find[4:], OWNED).action is Action.FIND_COORDINATOR
