@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import gc
 import logging
 import os
 import socket
@@ -29,6 +30,23 @@ from coordinator.server.runtime import Clock, RecordSink, Runtime
 from coordinator.storage import LogReplayer, LogSink, compact_periodically, ensure_data_dir
 
 log = structlog.get_logger("connect_coordinator")
+
+# In `serve`'s own process, a full collection happens after this many collections of the
+# middle generation instead of 10 (the young ones keep their thresholds). A full
+# collection walks every object the collector tracks, holding the GIL: a client sending
+# large requests back to back (a maximum Install is some 300,000 objects while it is
+# decoded) set off one every few requests, 15-190 ms each, in which no heartbeat was
+# answered (`bench hostile`). What the coordinator keeps is not cyclic; the cycles that
+# do arise (tracebacks, mostly) die young and are found by the young collections.
+FULL_COLLECTION_EVERY = 1_000
+
+
+def tune_collector() -> None:
+    """Once ready, in `serve`'s own process: what start-up allocated leaves the cyclic
+    collector's sight (`gc.freeze`), and full collections become rare."""
+    gc.freeze()
+    young, middle, _full = gc.get_threshold()
+    gc.set_threshold(young, middle, FULL_COLLECTION_EVERY)
 
 
 @dataclass
@@ -110,8 +128,9 @@ async def run_server(
     server reports ready (KRPC answers COORDINATOR_LOAD_IN_PROGRESS meanwhile).
     `file_layer` replaces the OS file layer under the log (tests inject faults with it).
     `tune_process`: the process is the coordinator's own (`serve`): the log's load may
-    pause the cyclic collector and freeze what it loaded (`LogReplayer`); library callers
-    and tests leave their process's collector alone.
+    pause the cyclic collector and freeze what it loaded (`LogReplayer`), and once ready
+    full collections become rare (`tune_collector`); library callers and tests leave
+    their process's collector alone.
     """
     # Both listeners first: a port in use stops start-up at once, before the log loads.
     kafka_listeners = await open_kafka_listeners(listen)
@@ -165,6 +184,8 @@ async def run_server(
             admin_port = int(binds[0].rsplit(":", 1)[1])
             handle = ServerHandle(runtime, kafka_port, admin_port)
             await runtime.wait_ready()
+            if tune_process:
+                tune_collector()
             if log_sink is not None:  # compaction runs in a thread, never on the request path
                 nursery.start_soon(compact_periodically, log_sink, config, runtime.now_ms,
                                    metrics)

@@ -134,6 +134,38 @@ def _then_rest(fn: Callable[..., T], *args: Any) -> T:
         time.sleep((time.perf_counter() - started) * REST_RATIO)
 
 
+def _elements(value: Any) -> list[Any]:
+    """The elements of the arrays among a decoded message's fields, and among those of the
+    structs it holds (an Install's members, a heartbeat's owned tasks)."""
+    found: list[Any] = []
+    for name in getattr(value, "__slots__", ()):
+        field = getattr(value, name, None)
+        if isinstance(field, tuple):
+            found.extend(field)
+        elif hasattr(field, "__dataclass_fields__"):
+            for inner_name in getattr(field, "__slots__", ()):
+                inner = getattr(field, inner_name, None)
+                if isinstance(inner, tuple):
+                    found.extend(inner)
+    return found
+
+
+def release_gradually(held: list[Any]) -> None:
+    """Frees what `held` holds (decoded requests, checked Installs) an element of an array
+    at a time: freeing one large array is one step of C, during which the thread holding
+    the GIL keeps it; between elements, it changes hands as often as the loop asks."""
+    pieces: list[Any] = []
+    for item in held:
+        body = getattr(item, "body", None)
+        pieces.extend(_elements(body) if body is not None else ())
+        parts = getattr(item, "parts", None)
+        if isinstance(parts, dict):
+            pieces.extend(parts.values())
+    held.clear()  # the arrays go; each of their elements is still held by `pieces`
+    while pieces:
+        pieces.pop()
+
+
 def _group_type(runtime: Runtime, group_id: str) -> str:
     """The type of the group that answered (a group converted meanwhile: its new type)."""
     return "classic" if group_id in runtime.core.classic.store.groups else "connect"
@@ -419,8 +451,9 @@ class KafkaServer:
                       address: Address | None = None) -> bytes | None:
         """The framed response, or None when the connection must close."""
         started = time.perf_counter()
+        offloaded = len(frame) > OFFLOAD_DECODE_BYTES
         try:
-            if len(frame) > OFFLOAD_DECODE_BYTES:
+            if offloaded:
                 request, checked = await self._off_loop(self._decode, frame, True)
             else:
                 request, checked = self._decode(frame, False)
@@ -457,6 +490,12 @@ class KafkaServer:
                 self._idle.set()
                 self._idle = None
         self._count(request.api_key, code, started)
+        if offloaded:
+            # Freeing a large request costs as much as building it did (some 20 ms for a
+            # maximum Install): in the listener's thread too, not on the loop.
+            held: list[Any] = [request, checked]
+            del request, checked
+            self._decoders.submit(_then_rest, release_gradually, held)
         return answer
 
     def _decode(self, frame: bytes, off_loop: bool
