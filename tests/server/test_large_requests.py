@@ -1,5 +1,5 @@
 """What a large request costs the event loop: it is decoded in the listener's thread, and
-freed there too, a piece at a time."""
+freed there too, a piece at a time; a describe of many groups is taken a few at a time."""
 
 from __future__ import annotations
 
@@ -15,16 +15,30 @@ from coordinator.config import ServerConfig
 from coordinator.server import kafka
 from coordinator.server.app import ServerHandle, run_server
 from protocol.framing import DecodedRequest
-from protocol.messages import ConnectGroupHeartbeatRequest, ConnectorsAndTasks
+from protocol.messages import (
+    ConnectGroupDescribeRequest,
+    ConnectGroupHeartbeatRequest,
+    ConnectorsAndTasks,
+)
 from protocol.messages.common import ConnectorTaskId
 from protocol.messages.connect_group_install_assignment_request import (
     ConnectGroupInstallAssignmentRequest,
     MemberAssignment,
 )
 
-HEARTBEAT = 1000
+HEARTBEAT, DESCRIBE = 1000, 1003
 CONFIG = ServerConfig(assignment_interval_ms=0, assignor_offload_enable=False,
                       shutdown_timeout_ms=500)
+
+
+class StepCounter(trio.abc.Instrument):
+    """How many steps each task has taken."""
+
+    def __init__(self) -> None:
+        self.steps: dict[trio.lowlevel.Task, int] = {}
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        self.steps[task] = self.steps.get(task, 0) + 1
 
 
 def owned(tasks: int, name: str = "c") -> ConnectorsAndTasks:
@@ -82,4 +96,41 @@ async def test_a_large_request_is_released_in_the_listeners_thread(
     # both answered alike (no such member); only the large one was released in the thread
     assert small.error_code == large.error_code != 0
     assert released == [("krpc-decode_0", ["ConnectGroupHeartbeatRequest", "NoneType"])]
+    handle.stop()
+
+
+async def test_a_describe_of_many_groups_gives_the_same_answer_a_few_groups_per_step(
+        nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch) -> None:
+    handle: ServerHandle = await nursery.start(run_server, CONFIG, ("127.0.0.1", 0),
+                                               ("127.0.0.1", 0))
+    for index in range(7):
+        await handle.runtime.put_connector(f"g{index}", f"connector-{index}", index + 1)
+    # existing groups, missing ones, an empty id and a repeat, in no particular order
+    asked = ("g3", "missing", "g0", "", "g6", "g3", "g1", "nope", "g2", "g5", "g4")
+    request = ConnectGroupDescribeRequest(group_ids=asked)
+    core = handle.runtime.core
+    snapshotted: list[tuple[str, int]] = []  # (group, steps of its task so far)
+    counter = StepCounter()
+    real_snapshot = core.describe_snapshot
+
+    def spying_snapshot(group_id: str, version: int) -> Any:
+        snapshotted.append((group_id, counter.steps[trio.lowlevel.current_task()]))
+        return real_snapshot(group_id, version)
+
+    monkeypatch.setattr(core, "describe_snapshot", spying_snapshot)
+    trio.lowlevel.add_instrument(counter)
+    answers = []
+    async with await KafkaClient.connect("127.0.0.1", handle.kafka_port) as client:
+        for per_step in (len(asked), 3, 1):
+            monkeypatch.setattr(kafka, "DESCRIBE_GROUPS_PER_STEP", per_step)
+            snapshotted.clear()
+            answers.append(await client.request(DESCRIBE, request))
+            assert [group for group, _ in snapshotted] == list(asked)
+            # a new step of the loop every `per_step` groups
+            steps = [step for _, step in snapshotted]
+            assert [steps[index] - steps[index - 1] for index in range(1, len(steps))] == [
+                int(index % per_step == 0) for index in range(1, len(steps))]
+    assert [group.group_id for group in answers[0].groups] == list(asked)
+    assert answers[0].groups[0].error_code == 0
+    assert answers[0] == answers[1] == answers[2]
     handle.stop()
