@@ -1,5 +1,6 @@
-"""What a large request costs the event loop: it is decoded in the listener's thread, and
-freed there too, a piece at a time; a describe of many groups is taken a few at a time."""
+"""What a large request costs the event loop: it is decoded and checked in the listener's
+thread, and freed there too, a piece at a time; a describe of many groups is taken a few
+groups at a time."""
 
 from __future__ import annotations
 
@@ -68,7 +69,7 @@ def test_a_released_request_leaves_nothing_holding_its_elements() -> None:
     assert sys.getrefcount(kept_task) == 2
 
 
-async def test_a_large_request_is_released_in_the_listeners_thread(
+async def test_a_large_heartbeat_is_checked_and_released_in_the_listeners_thread(
         nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch) -> None:
     released: list[tuple[str, list[str]]] = []
     real_release = kafka.release_gradually
@@ -79,6 +80,14 @@ async def test_a_large_request_is_released_in_the_listeners_thread(
         real_release(held)
 
     monkeypatch.setattr(kafka, "release_gradually", spying_release)
+    checked_in: list[str] = []
+    real_check = kafka.check_heartbeat
+
+    def spying_check(request: Any) -> Any:
+        checked_in.append(threading.current_thread().name)
+        return real_check(request)
+
+    monkeypatch.setattr(kafka, "check_heartbeat", spying_check)
     handle: ServerHandle = await nursery.start(run_server, CONFIG, ("127.0.0.1", 0),
                                                ("127.0.0.1", 0))
     name = "connector-" + "x" * 40
@@ -95,7 +104,10 @@ async def test_a_large_request_is_released_in_the_listeners_thread(
                 await trio.sleep(0.01)
     # both answered alike (no such member); only the large one was released in the thread
     assert small.error_code == large.error_code != 0
-    assert released == [("krpc-decode_0", ["ConnectGroupHeartbeatRequest", "NoneType"])]
+    # checked there first, its owned list made into units
+    assert released == [("krpc-decode_0", ["ConnectGroupHeartbeatRequest",
+                                           "CheckedHeartbeat"])]
+    assert checked_in == ["krpc-decode_0"]
     handle.stop()
 
 
