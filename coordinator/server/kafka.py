@@ -501,7 +501,10 @@ class KafkaServer:
             # maximum Install): in the listener's thread too, not on the loop.
             held: list[Any] = [request, checked]
             del request, checked
-            self._decoders.submit(_then_rest, release_gradually, held)
+            try:
+                self._decoders.submit(_then_rest, release_gradually, held)
+            except RuntimeError:  # the listener's thread is gone (the server stopped)
+                held.clear()
         return answer
 
     def _decode(self, frame: bytes, off_loop: bool
