@@ -674,10 +674,12 @@ async def _in_process(args: argparse.Namespace) -> AsyncIterator[Target]:
 
 
 @asynccontextmanager
-async def _subprocess(args: argparse.Namespace) -> AsyncIterator[Target]:
-    """`connect-coordinator serve` on free ports; its JSON log tells where it listens."""
+async def _subprocess(args: argparse.Namespace, launcher: list[str] | None = None
+                      ) -> AsyncIterator[Target]:
+    """`connect-coordinator serve` on free ports; its JSON log tells where it listens.
+    `launcher`: what runs `serve ...` instead of `python -m coordinator.cli`."""
     with tempfile.TemporaryDirectory(prefix="bench-heartbeats-") as tmp:
-        command = [sys.executable, "-m", "coordinator.cli", "serve",
+        command = [*(launcher or [sys.executable, "-m", "coordinator.cli"]), "serve",
                    "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0",
                    "--data-dir", str(Path(tmp) / "data"), "--log-format", "json",
                    "--log-level", "info"]

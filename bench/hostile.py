@@ -37,13 +37,17 @@ import multiprocessing
 import socket
 import statistics
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import trio
 
+from bench import loopsteps
+from coordinator.cli import module_command
 from coordinator.client import KafkaClient
 from coordinator.config import ServerConfig
 from coordinator.urls import open_url
@@ -221,9 +225,10 @@ async def window(port: int, args: argparse.Namespace, healthy: Healthy,
         for process in processes:
             process.start()
         await trio.sleep(0.5)  # the attackers' start-up (spawned interpreters) is not timed
-    start = time.perf_counter()
+    start, monotonic_start = time.perf_counter(), time.monotonic()
     await trio.sleep(args.seconds - (0.5 if frame is not None else 0))
     latencies, errors = healthy.between(start, time.perf_counter())
+    monotonic_end = time.monotonic()
     sent = {"sent": 0, "answered": 0, "closed": 0}
     for process in processes:
         outcome = await trio.to_thread.run_sync(results.get, True, 120)
@@ -231,7 +236,8 @@ async def window(port: int, args: argparse.Namespace, healthy: Healthy,
             sent[key] += outcome[key]
         await trio.to_thread.run_sync(process.join)
     return {**_summary(latencies), "errors": len(errors), "first_errors": errors[:3],
-            "attack": sent if frame is not None else None}
+            "attack": sent if frame is not None else None,
+            "window": (monotonic_start, monotonic_end)}
 
 
 async def set_up(admin: str, config: ServerConfig) -> None:
@@ -252,30 +258,45 @@ async def set_up(admin: str, config: ServerConfig) -> None:
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     from bench.heartbeats import _subprocess
 
-    config = DEFAULTS
-    frames = attacks(config)
+    frames = attacks(DEFAULTS)
     chosen = args.attack or list(frames)
     rows: dict[str, Any] = {}
     target_args = argparse.Namespace(in_memory=True, set=[])
-    async with _subprocess(target_args) as target:
-        await set_up(target.admin, config)
-        healthy = Healthy(target.port, args.healthy, args.interval_ms / 1000)
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(healthy.run)
-            await trio.sleep(args.warm_up)  # joined and STABLE before anything is timed
-            rows["baseline"] = await window(target.port, args, healthy, None)
-            for name in chosen:
-                rows[name] = await window(target.port, args, healthy, frames[name])
-                rows[name]["frame_bytes"] = len(frames[name])
-            healthy.stop.set()
+    with tempfile.TemporaryDirectory(prefix="bench-hostile-") as tmp:
+        steps_file = Path(tmp) / "loop-steps.json"
+        launcher = module_command("bench.loopsteps", str(steps_file)) if args.loop_steps else None
+        async with _subprocess(target_args, launcher) as target:
+            await _windows(target, args, frames, chosen, rows)
+        recorded = json.loads(steps_file.read_text()) if args.loop_steps else None
+    for row in rows.values():
+        window_bounds = row.pop("window")
+        if recorded is not None:
+            row.update(loopsteps.longest(recorded, *window_bounds))
     return rows
+
+
+async def _windows(target: Any, args: argparse.Namespace, frames: dict[str, bytes],
+                   chosen: list[str], rows: dict[str, Any]) -> None:
+    """The baseline window, then one window per attack in `chosen`, into `rows`."""
+    await set_up(target.admin, DEFAULTS)
+    healthy = Healthy(target.port, args.healthy, args.interval_ms / 1000)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(healthy.run)
+        await trio.sleep(args.warm_up)  # joined and STABLE before anything is timed
+        rows["baseline"] = await window(target.port, args, healthy, None)
+        for name in chosen:
+            rows[name] = await window(target.port, args, healthy, frames[name])
+            rows[name]["frame_bytes"] = len(frames[name])
+        healthy.stop.set()
 
 
 def _line(name: str, row: dict[str, Any]) -> str:
     attack = row.get("attack") or {}
+    steps = (f"  longest loop step {row['loop_step_cpu_ms']:6.2f} ms CPU"
+             if "loop_step_cpu_ms" in row else "")
     return (f"  {name:24} p50 {row.get('p50_ms', 0):7.2f}  p99 {row.get('p99_ms', 0):7.2f}  "
             f"max {row.get('max_ms', 0):8.2f} ms  n={row.get('count', 0):5}  "
-            f"errors={row['errors']}  attack requests={attack.get('sent', '-')}")
+            f"errors={row['errors']}  attack requests={attack.get('sent', '-')}{steps}")
 
 
 def main(argv: list[str] | None = None, *, printer: Callable[[str], None] = print) -> int:
@@ -292,6 +313,9 @@ def main(argv: list[str] | None = None, *, printer: Callable[[str], None] = prin
                         help="attacker processes (connections) per attack")
     parser.add_argument("--attack", action="append", choices=sorted(attacks(DEFAULTS)),
                         help="run only this attack (repeatable; default: all)")
+    parser.add_argument("--no-loop-steps", dest="loop_steps", action="store_false",
+                        help="without timing the coordinator's event-loop steps "
+                             "(bench/loopsteps.py)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     rows = trio.run(run, args)

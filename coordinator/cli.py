@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -205,7 +206,8 @@ def _forward(module: str, function: str, argv: list[str]) -> int:
     return int(target(argv) or 0)
 
 
-def _serve(args: argparse.Namespace) -> int:
+def _serve(args: argparse.Namespace, instruments: Sequence[Any] = ()) -> int:
+    """`serve`; `instruments` (trio Instruments) watch its event loop (bench/loopsteps.py)."""
     from functools import partial
 
     import trio
@@ -252,7 +254,7 @@ def _serve(args: argparse.Namespace) -> int:
     from coordinator.log import LogError
 
     try:
-        trio.run(serve_until_signalled)
+        trio.run(serve_until_signalled, instruments=instruments)
     except BaseException as raised:  # noqa: B036 - unwrap trio's exception groups
         leaf = _first_leaf(raised)
         if isinstance(leaf, (ConfigError, ListenError)):

@@ -90,6 +90,7 @@ from coordinator.core.validation import (
     JOIN_EPOCH,
     LEAVE_EPOCH,
     STATIC_LEAVE_EPOCH,
+    CheckedHeartbeat,
     CheckedInstall,
     check_group_count,
     check_group_units,
@@ -280,14 +281,17 @@ class GroupCoordinator:
         return member.metadata.rebalance_timeout_ms if member.metadata else 60_000
 
     # ------------------------------------------------------------------ heartbeat
-    def heartbeat(self, request: ConnectGroupHeartbeatRequest, now_ms: int, *,
+    def heartbeat(self, request: ConnectGroupHeartbeatRequest, now_ms: int,
+                  checked: CheckedHeartbeat | None = None, *,
                   compute_now: bool = False) -> Result[ConnectGroupHeartbeatResponse]:
-        """`compute_now`: a chosen worker that must compute a pending assignment is told
-        so even inside the assignment interval (a classic leader's JoinGroup: the only
-        moment it can assign in its round)."""
+        """`checked`: `check_heartbeat(request)`, done beforehand off the event loop for a
+        large request; the answer is the same with or without it. `compute_now`: a chosen
+        worker that must compute a pending assignment is told so even inside the
+        assignment interval (a classic leader's JoinGroup: the only moment it can assign
+        in its round)."""
         change = _Change(self.store)
         try:
-            response = self._heartbeat(request, now_ms, change, compute_now)
+            response = self._heartbeat(request, now_ms, change, checked, compute_now)
             self._maybe_downgrade(change, now_ms)
         except ApiError as error:
             response = ConnectGroupHeartbeatResponse(
@@ -301,9 +305,13 @@ class GroupCoordinator:
         return change.result(response)
 
     def _heartbeat(
-        self, request: Any, now_ms: int, change: _Change, compute_now: bool = False
+        self, request: Any, now_ms: int, change: _Change,
+        checked: CheckedHeartbeat | None = None, compute_now: bool = False,
     ) -> ConnectGroupHeartbeatResponse:
-        owned = validate_heartbeat(request)
+        if checked is not None and checked.request is request:
+            owned = checked.owned
+        else:
+            owned = validate_heartbeat(request)
         epoch = request.member_epoch
         group_id = request.group_id
         member_id = request.member_id

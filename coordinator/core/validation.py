@@ -134,6 +134,24 @@ def validate_install(request: Any) -> dict[str, tuple[frozenset[Unit], int, byte
 
 
 @dataclass(frozen=True, slots=True)
+class CheckedHeartbeat:
+    """A heartbeat request that passed `validate_heartbeat` off the event loop, and the
+    units it owns (a list of up to group.connect.max.owned.units to convert)."""
+
+    request: Any  # the request checked (the core checks identity)
+    owned: frozenset[Unit] | None
+
+
+def check_heartbeat(request: Any) -> CheckedHeartbeat | None:
+    """`validate_heartbeat`, ahead of the core; None if the request breaks a rule (the core
+    then finds the problem again and answers with it)."""
+    try:
+        return CheckedHeartbeat(request, validate_heartbeat(request))
+    except ApiError:
+        return None
+
+
+@dataclass(frozen=True, slots=True)
 class CheckedInstall:
     """An Install request's members, validated and converted once, off the event loop.
 

@@ -15,10 +15,12 @@ carry one.
 
 No request holds the event loop for long: what costs in proportion to a request's size is
 bounded by the limits, and a frame above OFFLOAD_DECODE_BYTES is decoded and checked, and
-a describe whose answer is estimated above OFFLOAD_DESCRIBE_BYTES is built and encoded
-(from a snapshot taken on the loop), in the listener's own thread. Large requests take
-turns there, and the thread rests as long as each took (REST_RATIO), so however many
-clients send them they hold the GIL at most half the time.
+freed once answered (`release_gradually`), and a describe whose answer is estimated above
+OFFLOAD_DESCRIBE_BYTES is built and encoded (from snapshots taken on the loop,
+DESCRIBE_GROUPS_PER_STEP groups per step), in the listener's own thread. Large requests
+take turns there, and the thread rests as long as each took (REST_RATIO), so however many
+clients send them they hold the GIL at most half the time. `bench hostile` tells the
+longest step of the loop under each kind of large request.
 
 Connections are capped (`server.max.connections`), a frame must be finished within
 `server.connection.read.timeout.ms` of its first byte, and a connection with nothing
@@ -41,7 +43,13 @@ import trio
 
 from coordinator.config import FIELD_KEYS, ServerConfig
 from coordinator.core import describe as describing
-from coordinator.core.validation import CheckedInstall, check_install, install_unit_count
+from coordinator.core.validation import (
+    CheckedHeartbeat,
+    CheckedInstall,
+    check_heartbeat,
+    check_install,
+    install_unit_count,
+)
 from coordinator.metrics import api_name
 from coordinator.server import classic
 from coordinator.server.classic import Address
@@ -141,6 +149,8 @@ class ConnectionDeadline:
 
 # A describe whose answer is estimated above this is built and encoded in a thread.
 OFFLOAD_DESCRIBE_BYTES = 32 * 1024
+# A describe's groups are snapshotted this many per step of the loop (10-20 us each).
+DESCRIBE_GROUPS_PER_STEP = 100
 
 
 def _encode_described(version: int, correlation_id: int,
@@ -161,6 +171,38 @@ def _then_rest(fn: Callable[..., T], *args: Any) -> T:
         return fn(*args)
     finally:
         time.sleep((time.perf_counter() - started) * REST_RATIO)
+
+
+def _elements(value: Any) -> list[Any]:
+    """The elements of the arrays among a decoded message's fields, and among those of the
+    structs it holds (an Install's members, a heartbeat's owned tasks)."""
+    found: list[Any] = []
+    for name in getattr(value, "__slots__", ()):
+        field = getattr(value, name, None)
+        if isinstance(field, tuple):
+            found.extend(field)
+        elif hasattr(field, "__dataclass_fields__"):
+            for inner_name in getattr(field, "__slots__", ()):
+                inner = getattr(field, inner_name, None)
+                if isinstance(inner, tuple):
+                    found.extend(inner)
+    return found
+
+
+def release_gradually(held: list[Any]) -> None:
+    """Frees what `held` holds (decoded requests, checked Installs) an element of an array
+    at a time: freeing one large array is one step of C, during which the thread holding
+    the GIL keeps it; between elements, it changes hands as often as the loop asks."""
+    pieces: list[Any] = []
+    for item in held:
+        body = getattr(item, "body", None)
+        pieces.extend(_elements(body) if body is not None else ())
+        parts = getattr(item, "parts", None)
+        if isinstance(parts, dict):
+            pieces.extend(parts.values())
+    held.clear()  # the arrays go; each of their elements is still held by `pieces`
+    while pieces:
+        pieces.pop()
 
 
 def _group_type(runtime: Runtime, group_id: str) -> str:
@@ -229,10 +271,6 @@ class KafkaServer:
         # (a p99 of 200 ms in `bench hostile`).
         # One: large requests take their turn, however many connections send them.
         self._decoders = ThreadPoolExecutor(max_workers=1, thread_name_prefix="krpc-decode")
-        self._operations = {
-            HEARTBEAT: runtime.heartbeat,
-            PREPARE: runtime.prepare_assignment,
-        }
 
     async def serve(self, host: str, port: int, *,
                     listeners: list[trio.SocketListener] | None = None,
@@ -450,8 +488,9 @@ class KafkaServer:
                       repeated: RepeatedFrame | None = None) -> bytes | None:
         """The framed response, or None when the connection must close."""
         started = time.perf_counter()
+        offloaded = len(frame) > OFFLOAD_DECODE_BYTES
         try:
-            if len(frame) > OFFLOAD_DECODE_BYTES:
+            if offloaded:
                 request, checked = await self._off_loop(self._decode, frame, True)
             elif repeated is None:
                 request, checked = self._decode(frame, False)
@@ -496,17 +535,29 @@ class KafkaServer:
                 self._idle.set()
                 self._idle = None
         self._count(request.api_key, code, started)
+        if offloaded:
+            # Freeing a large request costs as much as building it did (some 20 ms for a
+            # maximum Install): in the listener's thread too, not on the loop.
+            held: list[Any] = [request, checked]
+            del request, checked
+            try:
+                self._decoders.submit(_then_rest, release_gradually, held)
+            except RuntimeError:  # the listener's thread is gone (the server stopped)
+                held.clear()
         return answer
 
     def _decode(self, frame: bytes, off_loop: bool
-                ) -> tuple[DecodedRequest, CheckedInstall | None]:
+                ) -> tuple[DecodedRequest, CheckedInstall | CheckedHeartbeat | None]:
         """The request, held to its limits as it is walked (coordinator/server/limits.py);
         off the loop, a large Install's `check_install` too (here, rather than in the
         runtime's background threads, whose lower priority made the loop wait for the
-        GIL they held)."""
+        GIL they held), and a large heartbeat's `check_heartbeat` (its owned list made
+        into units: 10,000 of them took a few milliseconds)."""
         request = decode_request(frame, self.decode_limits)
-        checked = None
-        if (off_loop and request.api_key == INSTALL
+        checked: CheckedInstall | CheckedHeartbeat | None = None
+        if off_loop and request.api_key == HEARTBEAT:
+            checked = check_heartbeat(request.body)
+        elif (off_loop and request.api_key == INSTALL
                 and install_unit_count(request.body) >= self.runtime.install_offload_units):
             checked = check_install(request.body)
         return request, checked
@@ -578,8 +629,24 @@ class KafkaServer:
                                       group_ids=getattr(body, "groups", ())), code
         return encode_response(key, version, correlation, response), code
 
+    async def _describe_snapshots(self, group_ids: tuple[str, ...], version: int
+                                  ) -> list[describing.Snapshot | tuple[str, Any]]:
+        """Each group's snapshot, DESCRIBE_GROUPS_PER_STEP at a time with the other tasks
+        answered in between: a describe of many groups is no longer one long step (1,000
+        groups took 10-20 ms). Each group's snapshot is whole; groups taken in different
+        steps may be from different moments, as when described one by one."""
+        core = self.runtime.core
+        taken: list[describing.Snapshot | tuple[str, Any]] = []
+        for start in range(0, len(group_ids), DESCRIBE_GROUPS_PER_STEP):
+            if start:
+                await trio.lowlevel.checkpoint()
+            taken.extend(core.describe_snapshot(group_id, version)
+                         for group_id in group_ids[start:start + DESCRIBE_GROUPS_PER_STEP])
+        return taken
+
     async def _dispatch(self, request: DecodedRequest, problems: ProblemLog,
-                        checked: CheckedInstall | None = None) -> tuple[bytes, int]:
+                        checked: CheckedInstall | CheckedHeartbeat | None = None
+                        ) -> tuple[bytes, int]:
         key, version, correlation = request.api_key, request.api_version, request.correlation_id
         if key == API_VERSIONS:
             body = api_versions_response(version)
@@ -598,7 +665,7 @@ class KafkaServer:
                     f"the answer would take more than {self.max_frame_bytes} bytes "
                     f"({FIELD_KEYS['max_frame_bytes']}): describe fewer groups at once",
                     group_ids=group_ids)
-            taken = [runtime.core.describe_snapshot(group_id, version) for group_id in group_ids]
+            taken = await self._describe_snapshots(group_ids, version)
             if estimate <= OFFLOAD_DESCRIBE_BYTES:
                 return encode_response(key, version, correlation,
                                        describing.response(taken, version)), ErrorCode.NONE
@@ -609,9 +676,13 @@ class KafkaServer:
         response: Any
         try:
             if key == INSTALL:
-                response = await runtime.install_assignment(request.body, checked)
-            else:
-                response = await self._operations[key](request.body)
+                response = await runtime.install_assignment(
+                    request.body, checked if isinstance(checked, CheckedInstall) else None)
+            elif key == HEARTBEAT:
+                response = await runtime.heartbeat(
+                    request.body, checked if isinstance(checked, CheckedHeartbeat) else None)
+            else:  # PREPARE: the other KRPC APIs are answered above
+                response = await runtime.prepare_assignment(request.body)
         except NotDurable:
             code = ErrorCode.COORDINATOR_NOT_AVAILABLE
             return error_response(key, version, correlation, code,

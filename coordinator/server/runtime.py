@@ -61,7 +61,12 @@ from coordinator.core.result import (
     TimerOp,
     TimerSet,
 )
-from coordinator.core.validation import CheckedInstall, check_install, install_unit_count
+from coordinator.core.validation import (
+    CheckedHeartbeat,
+    CheckedInstall,
+    check_install,
+    install_unit_count,
+)
 from coordinator.metrics import Metrics
 from coordinator.server.classic import Waiters
 from protocol.errors import ApiError, ErrorCode
@@ -573,8 +578,10 @@ class Runtime:
         return await self.complete(operation(*args, self.clock.now_ms()))
 
     # ---------------------------------------------------------------- KRPC operations
-    async def heartbeat(self, request: Any) -> ConnectGroupHeartbeatResponse:
-        return await self.complete(self.core.heartbeat(request, self.clock.now_ms()))
+    async def heartbeat(self, request: Any, checked: CheckedHeartbeat | None = None
+                        ) -> ConnectGroupHeartbeatResponse:
+        """`checked`: `check_heartbeat(request)` if the caller did it already, off the loop."""
+        return await self.complete(self.core.heartbeat(request, self.clock.now_ms(), checked))
 
     async def prepare_assignment(self, request: Any) -> ConnectGroupPrepareAssignmentResponse:
         return await self.complete(self.core.prepare_assignment(request, self.clock.now_ms()))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import trio
+
 from bench import hostile as bench_hostile
 from coordinator.config import ServerConfig
 from protocol.framing import decode_request
@@ -30,3 +32,29 @@ def test_a_short_run_reports_each_window() -> None:
     attacked = rows["describe-max-ids"]
     assert attacked["attack"]["sent"] > 0 and attacked["count"] > 0
     assert attacked["errors"] == 0 and rows["baseline"]["errors"] == 0
+    # the coordinator's event loop was timed (bench/loopsteps.py), each window on its own
+    for row in rows.values():
+        assert row["loop_step_cpu_ms"] > 0 and row["loop_step_wall_ms"] > 0
+        assert row["loop_step_cpu_task"]
+        assert "window" not in row
+
+
+def test_the_longest_loop_step_is_kept_per_bucket_and_told_per_window() -> None:
+    from bench.loopsteps import LoopSteps, longest
+
+    steps = LoopSteps(bucket_s=1.0)
+
+    async def busy() -> None:
+        for rounds in (10, 100_000, 10):
+            sum(range(rounds))
+            await trio.lowlevel.checkpoint()
+
+    trio.run(busy, instruments=[steps])
+    recorded = json.loads(json.dumps(steps.to_json()))
+    assert recorded["buckets"]
+    everything = longest(recorded, 0, 1e12)
+    assert everything["loop_step_cpu_ms"] > 0
+    assert everything["loop_step_cpu_task"].endswith("busy")
+    assert everything["loop_step_gc_ms"] >= 0
+    nothing = longest(recorded, 0, 1)  # a window long before the run
+    assert nothing["loop_step_cpu_ms"] == 0 and nothing["loop_step_cpu_task"] == ""

@@ -4,7 +4,9 @@ the loaded state frozen; assignor worker processes without the cyclic collector.
 from __future__ import annotations
 
 import gc
+import sys
 import weakref
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -78,3 +80,49 @@ def test_serve_freezes_what_the_log_load_allocated(tmp_path: Path, freeze_loaded
         gc.unfreeze()
         assert loader.writer is not None
         loader.writer.close()
+
+
+@pytest.mark.parametrize("tune_process", [True, False])
+def test_serve_tunes_its_own_process_once_ready(tune_process: bool) -> None:
+    # A full collection walks every tracked object holding the GIL; `serve`'s own process
+    # makes them rare, leaves what start-up made out of their sight, and has threads hand
+    # the GIL over sooner. Anyone else's process is left as it was.
+    from coordinator.server.app import (
+        FULL_COLLECTION_EVERY,
+        SWITCH_INTERVAL_S,
+        ServerHandle,
+        run_server,
+    )
+
+    before = gc.get_threshold()
+    switch_before = sys.getswitchinterval()
+    assert switch_before != SWITCH_INTERVAL_S
+    seen: dict[str, object] = {}
+
+    async def serve_and_look() -> None:
+        async with trio.open_nursery() as nursery:
+            handle: ServerHandle = await nursery.start(
+                partial(run_server, ServerConfig(assignor_offload_enable=False),
+                        ("127.0.0.1", 0), ("127.0.0.1", 0), tune_process=tune_process))
+            seen["threshold"] = gc.get_threshold()
+            seen["frozen"] = gc.get_freeze_count()
+            seen["switch"] = sys.getswitchinterval()
+            handle.stop()
+
+    assert gc.get_freeze_count() == 0
+    try:
+        trio.run(serve_and_look)
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*before)
+        sys.setswitchinterval(switch_before)
+    young, middle, full = seen["threshold"]  # type: ignore[misc]
+    assert (young, middle) == before[:2]
+    if tune_process:
+        assert full == FULL_COLLECTION_EVERY
+        assert seen["frozen"] > 0
+        assert seen["switch"] == SWITCH_INTERVAL_S
+    else:
+        assert full == before[2]
+        assert seen["frozen"] == 0
+        assert seen["switch"] == switch_before
