@@ -52,8 +52,10 @@ def test_a_follower_bounce_moves_no_task_on_the_other_workers(
     assert leader is not None and leader != index
     leader_log = workers[leader].process.log_path
     logged_before = len(leader_log.read_text())
-    result = bounce(workers, index, settle_s=3.0, timeout_s=SCHEDULED_DELAY_MS / 1000 + 60)
-    processes.append(workers[index])  # the bounced worker's new process
+    try:
+        result = bounce(workers, index, settle_s=3.0, timeout_s=SCHEDULED_DELAY_MS / 1000 + 60)
+    finally:
+        processes.append(workers[index])  # the bounced worker's new process, stopped too
     assert (result.stopped, result.started) == (0, 0), result.moved
     # Connect's leader kept its view of the previous assignment through the bounce (it
     # logs this at debug level, which the workers' logs keep for its assignor).
