@@ -26,7 +26,7 @@ only after the whole frame has been read:
   (refused once decoded);
 * `garbage`: frames of the maximum size whose body does not parse.
 
-Target (issue "Hostile and oversized input"): p99 < 20 ms under every attack, no eviction.
+Target: p99 < 20 ms under every attack, no eviction.
 """
 
 from __future__ import annotations

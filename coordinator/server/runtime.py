@@ -19,7 +19,7 @@ path stays O(1). A group that empties or is deleted drops its entry without an o
 Sink writes are issued in the order the core produced the records; a sink must persist them
 in call order (concurrent calls may overlap; a group-committing log batches them).
 
-Plugging in the durable log (later issue): pass a ``RecordSink`` and a ``LogLoader``. The
+The durable log plugs in as a ``RecordSink`` and a ``LogLoader``. The
 loader replays the log into the core while the server answers COORDINATOR_LOAD_IN_PROGRESS;
 the runtime then arms ``core.timers_after_load(now)`` and flips ``ready``.
 """
