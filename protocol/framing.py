@@ -404,6 +404,46 @@ def decode_request(frame: bytes, limits: Mapping[int, Mapping[tuple[str, str], L
     return DecodedRequest(api_key, api_version, correlation_id, header.client_id, body)
 
 
+def peek_caller(frame: bytes) -> tuple[str, str, int] | None:
+    """The group id, member id and member epoch a flexible request body opens with (a
+    Connect assignment request's first three fields), read without decoding the rest;
+    None where they do not read that way (the full decode then says what is wrong)."""
+    if len(frame) < _FIXED_HEADER_BYTES:
+        return None
+    api = (INT16.unpack_from(frame, 0)[0], INT16.unpack_from(frame, 2)[0])
+    if api not in REQUEST_CLASSES or not _is_flexible(*api):
+        return None
+    try:
+        offset, _tagged = request_header_end(frame, True)
+        group_id, offset = _peek_compact_string(frame, offset)
+        member_id, offset = _peek_compact_string(frame, offset)
+    except (WalkError, UnicodeDecodeError):
+        return None
+    if group_id is None or member_id is None or len(frame) < offset + 4:
+        return None
+    epoch: int = INT32.unpack_from(frame, offset)[0]
+    return group_id, member_id, epoch
+
+
+def _peek_compact_string(frame: bytes, offset: int) -> tuple[str | None, int]:
+    length, shift = 0, 0
+    while True:
+        if offset >= len(frame) or shift > 28:
+            raise WalkError("truncated string length")
+        byte = frame[offset]
+        offset += 1
+        length |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            break
+        shift += 7
+    if length == 0:
+        return None, offset
+    end = offset + length - 1
+    if end > len(frame):
+        raise WalkError("truncated string")
+    return frame[offset:end].decode(), end
+
+
 def _what(body_type: type[Any], api_version: int) -> str:
     return f"{body_type.__name__} v{api_version}"
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from coordinator.assignors.api import (
     AssignmentResult,
@@ -178,6 +178,14 @@ def _assignment_changed(before: CurrentAssignment, after: CurrentAssignment) -> 
 
 def _timer(kind: str, group_id: str, member_id: str = "") -> TimerKey:
     return (kind, group_id, member_id)
+
+
+class InstallCaller(NamedTuple):
+    """Who an assignment request says it is from (its first three fields)."""
+
+    group_id: str
+    member_id: str
+    member_epoch: int
 
 
 class GroupCoordinator:
@@ -1278,6 +1286,19 @@ class GroupCoordinator:
                 f"assignment of group {group.group_id}",
             )
         return group, member
+
+    def install_refusal(self, group_id: str, member_id: str, member_epoch: int
+                        ) -> ApiError | None:
+        """The error an Install from this caller gets whatever it lists (None: the caller
+        may install). The shell asks before decoding a large Install's assignment, so that
+        one from a member that may not install costs nothing proportional to its size."""
+        caller = InstallCaller(group_id, member_id, member_epoch)
+        try:
+            validate_assignment_caller(caller)
+            self._assignment_caller(caller)
+        except ApiError as error:
+            return error
+        return None
 
     def prepare_assignment(
         self, request: ConnectGroupPrepareAssignmentRequest, now_ms: int

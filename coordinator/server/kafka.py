@@ -55,7 +55,7 @@ from coordinator.server import classic
 from coordinator.server.classic import Address
 from coordinator.server.limits import decode_limits, describe_answer_bytes
 from coordinator.server.runtime import NotDurable, Runtime
-from protocol._codec import INT32
+from protocol._codec import INT16, INT32
 from protocol.classic import (
     CLASSIC_APIS,
     FIND_COORDINATOR,
@@ -82,6 +82,7 @@ from protocol.framing import (
     decode_request,
     encode_response,
     error_response,
+    peek_caller,
 )
 
 T = TypeVar("T")
@@ -489,6 +490,10 @@ class KafkaServer:
         """The framed response, or None when the connection must close."""
         started = time.perf_counter()
         offloaded = len(frame) > OFFLOAD_DECODE_BYTES
+        if offloaded and self.runtime.ready:
+            refused = self._refuse_install_early(frame, started)
+            if refused is not None:
+                return refused
         try:
             if offloaded:
                 request, checked = await self._off_loop(self._decode, frame, True)
@@ -561,6 +566,23 @@ class KafkaServer:
                 and install_unit_count(request.body) >= self.runtime.install_offload_units):
             checked = check_install(request.body)
         return request, checked
+
+    def _refuse_install_early(self, frame: bytes, started: float) -> bytes | None:
+        """The answer to a large Install from a caller that may not install (not the
+        group's chosen worker at its current epoch), given before its assignment is
+        decoded: the error it would get anyway, at no cost proportional to its size."""
+        api_key, api_version = INT16.unpack_from(frame, 0)[0], INT16.unpack_from(frame, 2)[0]
+        if api_key != INSTALL:
+            return None
+        caller = peek_caller(frame)
+        if caller is None:
+            return None
+        error = self.runtime.core.install_refusal(*caller)
+        if error is None:
+            return None
+        self._count(api_key, int(error.code), started)
+        return error_response(api_key, api_version, INT32.unpack_from(frame, 4)[0],
+                              int(error.code), error.message)
 
     def _count(self, api_key: int, code: int, started: float) -> None:
         self.runtime.metrics.observe_request(api_key, code, time.perf_counter() - started)

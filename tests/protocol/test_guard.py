@@ -193,3 +193,22 @@ def test_length_limits_count_bytes_not_characters() -> None:
     with pytest.raises(RequestOverLimit, match="6 bytes"):
         decode_request(_frame(1003, 0, ConnectGroupDescribeRequest(
             group_ids=(three_characters_six_bytes,))), limits)
+
+
+def test_an_assignment_requests_caller_is_read_without_decoding_the_rest() -> None:
+    from protocol.framing import encode_request, peek_caller
+    from protocol.messages.connect_group_install_assignment_request import (
+        ConnectGroupInstallAssignmentRequest,
+    )
+    body = ConnectGroupInstallAssignmentRequest(group_id="gé", member_id="m", member_epoch=7,
+                                                group_epoch=2, error=0, members=())
+    frame = encode_request(1002, 0, 5, "client", body)[4:]
+    assert peek_caller(frame) == ("gé", "m", 7)
+    for cut in range(len(frame) - 5):  # cut inside the caller's fields: not read
+        prefix = frame[:cut]
+        assert peek_caller(prefix) in (None, ("gé", "m", 7))
+    epoch_at = frame.index(b"\x02m") + 2
+    assert peek_caller(frame[:epoch_at + 3]) is None  # the member epoch cut
+    assert peek_caller(frame[:epoch_at + 4]) == ("gé", "m", 7)
+    unknown = b"\x7f\x7f" + frame[2:]  # an API the server does not know
+    assert peek_caller(unknown) is None

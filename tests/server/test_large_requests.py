@@ -146,3 +146,39 @@ async def test_a_describe_of_many_groups_gives_the_same_answer_a_few_groups_per_
     assert answers[0].groups[0].error_code == 0
     assert answers[0] == answers[1] == answers[2]
     handle.stop()
+
+
+async def test_a_large_install_from_a_caller_that_may_not_install_is_refused_undecoded(
+        nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch) -> None:
+    decoded: list[int] = []
+    real_decode = kafka.decode_request
+
+    def spying_decode(frame: bytes, *args: Any) -> Any:
+        decoded.append(len(frame))
+        return real_decode(frame, *args)
+
+    monkeypatch.setattr(kafka, "decode_request", spying_decode)
+    handle: ServerHandle = await nursery.start(run_server, CONFIG, ("127.0.0.1", 0),
+                                               ("127.0.0.1", 0))
+    await handle.runtime.put_connector("g", "connector", 1)
+    members = kafka.OFFLOAD_DECODE_BYTES // 16  # a frame above OFFLOAD_DECODE_BYTES
+
+    def install(group_id: str, member_id: str) -> ConnectGroupInstallAssignmentRequest:
+        return ConnectGroupInstallAssignmentRequest(
+            group_id=group_id, member_id=member_id, member_epoch=1, group_epoch=2, error=0,
+            members=tuple(MemberAssignment(member_id=f"member-{index:08d}",
+                                           assigned=owned(1), version=1, metadata=b"")
+                          for index in range(members)))
+
+    async with await KafkaClient.connect("127.0.0.1", handle.kafka_port) as client:
+        no_member = await client.request(1002, install("g", "nobody"))
+        no_group = await client.request(1002, install("missing", "nobody"))
+        small = await client.request(1002, ConnectGroupInstallAssignmentRequest(
+            group_id="g", member_id="nobody", member_epoch=1, group_epoch=2, error=0,
+            members=()))
+    # the same answers as a decoded request gets, without decoding the large ones
+    assert no_member.error_code == small.error_code == 25  # UNKNOWN_MEMBER_ID
+    assert no_member.error_message == small.error_message
+    assert no_group.error_code == 69  # GROUP_ID_NOT_FOUND
+    assert decoded and all(size <= kafka.OFFLOAD_DECODE_BYTES for size in decoded), decoded
+    handle.stop()
