@@ -49,6 +49,7 @@ from protocol.guard import (
     LimitExceeded,
     WalkError,
     check_request,
+    compact_string_at,
     request_header_end,
 )
 from protocol.messages import (
@@ -415,33 +416,14 @@ def peek_caller(frame: bytes) -> tuple[str, str, int] | None:
         return None
     try:
         offset, _tagged = request_header_end(frame, True)
-        group_id, offset = _peek_compact_string(frame, offset)
-        member_id, offset = _peek_compact_string(frame, offset)
+        group_id, offset = compact_string_at(frame, offset, "GroupId")
+        member_id, offset = compact_string_at(frame, offset, "MemberId")
     except (WalkError, UnicodeDecodeError):
         return None
     if group_id is None or member_id is None or len(frame) < offset + 4:
         return None
     epoch: int = INT32.unpack_from(frame, offset)[0]
     return group_id, member_id, epoch
-
-
-def _peek_compact_string(frame: bytes, offset: int) -> tuple[str | None, int]:
-    length, shift = 0, 0
-    while True:
-        if offset >= len(frame) or shift > 28:
-            raise WalkError("truncated string length")
-        byte = frame[offset]
-        offset += 1
-        length |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            break
-        shift += 7
-    if length == 0:
-        return None, offset
-    end = offset + length - 1
-    if end > len(frame):
-        raise WalkError("truncated string")
-    return frame[offset:end].decode(), end
 
 
 def _what(body_type: type[Any], api_version: int) -> str:

@@ -346,6 +346,17 @@ def _generate_walker(entity_type: type[Any], limits: Limits) -> Callable[[_Walk,
     return walker
 
 
+def compact_string_at(frame: bytes, offset: int, what: str) -> tuple[str | None, int]:
+    """The compact (nullable) string at `offset` and the offset after it, its length
+    checked against the bytes there (WalkError, or UnicodeDecodeError for bad UTF-8)."""
+    walk = _Walk(frame)
+    length, offset = walk.uvarint(offset, what)
+    if length == 0:
+        return None, offset
+    end = walk.need(offset, length - 1, what)
+    return frame[offset:end].decode(), end
+
+
 def request_header_end(frame: bytes, flexible: bool) -> tuple[int, list[tuple[int, int]]]:
     """Walk a request header (v1, or v2 when `flexible`); the offset after it and its
     non-empty tagged-field section, if any. The client id is a legacy string in both."""

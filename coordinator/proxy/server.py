@@ -29,6 +29,7 @@ import errno
 import fcntl
 import os
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -129,9 +130,14 @@ class _Socket:
         self._turns = turns
 
     async def receive_some(self, max_bytes: int) -> bytes:
+        data: bytes = await self._read(self._socket.recv, max_bytes)
+        return data
+
+    async def _read(self, read: Callable[[Any], Any], argument: Any) -> Any:
+        """`read(argument)` once the socket has something (recv or recv_into)."""
         while True:
             try:
-                return self._socket.recv(max_bytes)
+                return read(argument)
             except BlockingIOError:
                 pass
             except OSError as error:
@@ -184,15 +190,8 @@ class _Socket:
                 buffers[0] = buffers[0][sent:]
 
     async def receive_into(self, buffer: memoryview) -> int:
-        while True:
-            try:
-                return self._socket.recv_into(buffer)
-            except BlockingIOError:
-                pass
-            except OSError as error:
-                raise _broken(error) from None
-            self._turns.waited()
-            await trio.lowlevel.wait_readable(self._socket)
+        received: int = await self._read(self._socket.recv_into, buffer)
+        return received
 
     def fileno(self) -> int:
         number = self._socket.fileno()

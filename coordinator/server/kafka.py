@@ -113,8 +113,9 @@ class RepeatedFrame:
     def get(self, frame: bytes) -> DecodedRequest | None:
         """The request `frame` decodes to, if it repeats the last one remembered."""
         last = self.request
-        if last is None or frame[8:] != self.rest or frame[:4] != self.api:
-            return None
+        if (last is None or len(frame) != len(self.rest) + 8 or frame[8:] != self.rest
+                or frame[:4] != self.api):
+            return None  # (the length first: no copy of a frame that cannot repeat)
         return DecodedRequest(last.api_key, last.api_version, INT32.unpack_from(frame, 4)[0],
                               last.client_id, last.body)
 
