@@ -187,6 +187,16 @@ def bounce(workers: list[Worker], index: int, settle_s: float, timeout_s: float)
     return Bounce(False, seconds, stopped, started, moved)
 
 
+def create_connectors(worker: Worker, topic: str) -> None:
+    """The VerifiableSource and VerifiableSink of `TASKS`, through `worker`'s REST API."""
+    worker.rest("POST", "/connectors", {"name": "source", "config": {
+        "connector.class": VERIFIABLE_SOURCE, "tasks.max": str(TASKS["source"]),
+        "topic": topic, "throughput": "20"}})
+    worker.rest("POST", "/connectors", {"name": "sink", "config": {
+        "connector.class": VERIFIABLE_SINK, "tasks.max": str(TASKS["sink"]),
+        "topics": topic}})
+
+
 def run_side(root: Path, side: str, broker_bootstrap: str, bounces: int, which: str,
              overrides: dict[str, object], settle_s: float, timeout_s: float) -> list[Bounce]:
     started: list[Any] = []
@@ -203,13 +213,7 @@ def run_side(root: Path, side: str, broker_bootstrap: str, bounces: int, which: 
             started.append(coordinator)
             bootstrap, group = coordinator.bootstrap, f"owned-bench-bounce-{side}"
         workers = start_workers(root, 3, bootstrap, group, started, overrides=overrides)
-        topic = f"bench-bounce-{side}"
-        workers[0].rest("POST", "/connectors", {"name": "source", "config": {
-            "connector.class": VERIFIABLE_SOURCE, "tasks.max": str(TASKS["source"]),
-            "topic": topic, "throughput": "20"}})
-        workers[0].rest("POST", "/connectors", {"name": "sink", "config": {
-            "connector.class": VERIFIABLE_SINK, "tasks.max": str(TASKS["sink"]),
-            "topics": topic}})
+        create_connectors(workers[0], f"bench-bounce-{side}")
         wait_for(lambda: _every_task_running(workers[0]), timeout_s,
                  "every connector and task RUNNING", interval_s=0.5)
         if coordinator is not None:

@@ -10,10 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from bench.bounce import TASKS, bounce, connect_leader, pick
+from bench.bounce import TASKS, bounce, connect_leader, create_connectors, pick
 from coordinator.realkafka import (
-    VERIFIABLE_SINK,
-    VERIFIABLE_SOURCE,
     Broker,
     all_running,
     start_coordinator,
@@ -35,13 +33,7 @@ def test_a_follower_bounce_moves_no_task_on_the_other_workers(
     group = "owned-engine-bounce"
     workers = start_workers(tmp_path, 3, coordinator.bootstrap, group, processes, overrides={
         "scheduled.rebalance.max.delay.ms": SCHEDULED_DELAY_MS})
-    topic = "engine-bounce"
-    workers[0].rest("POST", "/connectors", {"name": "source", "config": {
-        "connector.class": VERIFIABLE_SOURCE, "tasks.max": str(TASKS["source"]),
-        "topic": topic, "throughput": "20"}})
-    workers[0].rest("POST", "/connectors", {"name": "sink", "config": {
-        "connector.class": VERIFIABLE_SINK, "tasks.max": str(TASKS["sink"]),
-        "topics": topic}})
+    create_connectors(workers[0], "engine-bounce")
     for name, count in TASKS.items():
         wait_for(lambda name=name, count=count: all_running(workers[0], name, count), 120,
                  f"every task of {name} RUNNING")
