@@ -4,7 +4,8 @@ A record is a key and a value, both byte strings, in the layout Kafka's group co
 uses for ``__consumer_offsets``:
 
 - key:   int16 record type id (the ``apiKey`` of the ``...Key``/``...Value`` pair, 3..9
-         and 20 for connect groups, 10..12 for classic groups and bridged members),
+         and 20 for connect groups, 10..12 for classic groups and bridged members, 13 for
+         the type set for a group, whichever its type),
          then the key struct, non-flexible (legacy strings);
 - value: int16 value version (always 0 here), then the value struct, flexible;
          ``None`` is a tombstone that deletes what the key names.
@@ -51,6 +52,8 @@ from protocol.messages import (
     ConnectGroupTargetAssignmentMetadataKey,
     ConnectGroupTargetAssignmentMetadataValue,
     ConnectorTaskId,
+    GroupTypeKey,
+    GroupTypeValue,
 )
 
 RecordKey: TypeAlias = (
@@ -65,6 +68,7 @@ RecordKey: TypeAlias = (
     | ClassicGroupMetadataKey
     | ClassicGroupMemberKey
     | ClassicBridgeMemberKey
+    | GroupTypeKey
 )
 RecordValue: TypeAlias = (
     ConnectGroupMetadataValue
@@ -78,6 +82,7 @@ RecordValue: TypeAlias = (
     | ClassicGroupMetadataValue
     | ClassicGroupMemberValue
     | ClassicBridgeMemberValue
+    | GroupTypeValue
 )
 
 _Entity = TypeVar("_Entity", RecordKey, RecordValue)
@@ -94,6 +99,7 @@ _PAIRS: tuple[tuple[type[RecordKey], type[RecordValue]], ...] = (
     (ClassicGroupMetadataKey, ClassicGroupMetadataValue),
     (ClassicGroupMemberKey, ClassicGroupMemberValue),
     (ClassicBridgeMemberKey, ClassicBridgeMemberValue),
+    (GroupTypeKey, GroupTypeValue),
 )
 
 RECORD_TYPES: dict[int, tuple[type[RecordKey], type[RecordValue]]] = {

@@ -39,6 +39,7 @@ from coordinator.core.group import (
     current_assignment_record,
     deadlines_record,
     group_metadata_record,
+    group_type_record,
     member_metadata_record,
     resized_connectors_record,
     target_member_record,
@@ -211,6 +212,7 @@ class GroupCoordinator:
         self.classic.connect_records = self.store  # (replays both types' records)
         self.classic.connect_gives_way = self.gives_way
         self.classic.connect_give_way = self.give_way
+        self.classic.classic_joiner_type = self.classic_joiner_type
 
     # ------------------------------------------------------------------ records
     def replay(self, record: Record) -> None:
@@ -1515,6 +1517,7 @@ class GroupCoordinator:
                 change.event("group_expired", group,
                              retention_ms=self.config.empty_group_retention_ms)
                 self._delete(group, change)
+                self._forget_settings(group_id, change)
         elif kind == ASSIGNMENT_TIMER:
             rerun = group.rerun_at_ms
             if (
@@ -1605,6 +1608,10 @@ class GroupCoordinator:
             raise invalid("connector name must be non-empty")
         if isinstance(tasks, bool) or not isinstance(tasks, int) or not 0 <= tasks <= 100_000:
             raise invalid(f"tasks must be an integer between 0 and 100000, got {tasks!r}")
+        if self.store.type_override(group_id) == "classic":
+            raise invalid(f"group {group_id} is set to {CLASSIC_GROUP_TYPE_KEY}=classic, and "
+                          "only a connect group runs connectors set through the admin API: "
+                          "set the type to connect (or null) first")
         existing = self.store.groups.get(group_id)
         check_group_units(existing.connectors if existing is not None else {}, connector,
                           tasks, self.config.max_group_units, self.config.max_frame_bytes)
@@ -1693,28 +1700,26 @@ class GroupCoordinator:
     def set_group_config(
         self, group_id: str, body: Mapping[str, Any], now_ms: int
     ) -> Result[dict[str, Any]]:
-        """A group's overrides. `connect.classic.group.type` is the group's type itself,
-        for a group without members: `connect` makes it a connect group (an empty classic
-        group gives way), `classic` an empty classic group (an empty connect group without
-        connectors gives way), so that the first classic worker to join finds the type
-        already chosen whatever the server's `group.connect.classic.group.type`."""
-        original = body
-        if CLASSIC_GROUP_TYPE_KEY in body:
-            kind = body[CLASSIC_GROUP_TYPE_KEY]
-            body = {key: value for key, value in body.items() if key != CLASSIC_GROUP_TYPE_KEY}
-            if kind == "classic":
-                if body:
-                    raise invalid(f"{', '.join(sorted(body))}: connect group settings, not "
-                                  f"for a group set to {CLASSIC_GROUP_TYPE_KEY}=classic")
-                return self._make_classic(group_id)
-            if kind != "connect":
-                raise invalid(f"{CLASSIC_GROUP_TYPE_KEY} must be 'classic' or 'connect', "
-                              f"got {kind!r}")
-        current = (
-            self.store.groups[group_id].config if group_id in self.store.groups else GroupConfig()
-        )
+        """A group's settings and its type (`connect.classic.group.type`), kept whichever
+        type the group has (`GroupStore.settings`, `GroupStore.types`). The type is the one
+        the group takes, empty, for a classic joiner (`classic_joiner_type`): a group set to
+        a type while it is empty takes it at once, so that the first classic worker finds it
+        (an empty connect group without connectors gives way to an empty classic group, and
+        the other way round); one with members keeps its type until it is empty again.
+        Settings never change a group's type: a classic group keeps them for when it is a
+        connect group again."""
+        if not group_id:
+            raise ApiError(ErrorCode.INVALID_GROUP_ID, "group id must be non-empty")
+        typed = CLASSIC_GROUP_TYPE_KEY in body
+        kind = body[CLASSIC_GROUP_TYPE_KEY] if typed else self.store.type_override(group_id)
+        if kind not in (None, "classic", "connect"):
+            raise invalid(f"{CLASSIC_GROUP_TYPE_KEY} must be 'classic', 'connect' or null (the "
+                          f"server's group.connect.classic.group.type), got {kind!r}")
+        current = self.store.settings.get(group_id, GroupConfig())
         try:
-            config = parse_group_config(body, current)
+            config = parse_group_config(
+                {key: value for key, value in body.items() if key != CLASSIC_GROUP_TYPE_KEY},
+                current)
         except ConfigError as error:
             raise invalid(str(error)) from None
         session = (
@@ -1732,48 +1737,66 @@ class GroupCoordinator:
                 f"the heartbeat interval ({interval} ms) must be below the session "
                 f"timeout ({session} ms)"
             )
-        change = _Change(self.store)
-        group = self._group_or_create(group_id, change)
-        # The type set to connect is a configuration record too, even with every setting
-        # at its default: it keeps the group connect once it is empty (`gives_way`).
-        typed = CLASSIC_GROUP_TYPE_KEY in original and not group.configured
-        if config != group.config or typed:
-            change.write(configuration_record(group_id, config))
-            change.event("group_config_set", group, None, config=dict(original))
-        self._note_idleness(group, change, now_ms)
-        return change.result({"group": group_id, "config": _group_config_view(config)})
-
-    def _make_classic(self, group_id: str) -> Result[dict[str, Any]]:
-        if not group_id:
-            raise ApiError(ErrorCode.INVALID_GROUP_ID, "group id must be non-empty")
-        change = _Change(self.store)
         group = self.store.groups.get(group_id)
-        if group is not None:
-            if group.members or group.connectors:
-                raise invalid(f"group {group_id} is a connect group with "
-                              f"{len(group.members)} member(s) and {len(group.connectors)} "
-                              "connector(s): only a group without either can be made "
-                              "classic (a group with members changes type as they do)")
+        classic = self.classic.store.groups.get(group_id)
+        if kind == "classic" and group is not None and group.connectors:
+            raise invalid(f"group {group_id} has {len(group.connectors)} connector(s) set "
+                          "through the admin API, which only a connect group runs: delete "
+                          f"them before setting {CLASSIC_GROUP_TYPE_KEY}=classic")
+        change = _Change(self.store)
+        if group is None and classic is None:  # a new group: of the type set, else connect
+            if kind == "classic":
+                self.classic.keep_empty(group_id, change)
+            else:
+                group = self._create_group(group_id, change)
+        elif typed and kind == "classic" and group is not None and not group.members:
             change.event("group_deleted", group, reason=f"{CLASSIC_GROUP_TYPE_KEY}=classic")
             self._delete(group, change)
-        self.classic.keep_empty(group_id, change)
-        return change.result({"group": group_id, "config": {CLASSIC_GROUP_TYPE_KEY: "classic"}})
+            group = None
+            self.classic.keep_empty(group_id, change)
+        elif typed and kind == "connect" and classic is not None and not classic.active():
+            self.classic.give_up_empty(group_id, change)
+            group = self._create_group(group_id, change)
+        wrote_settings = config != current
+        if wrote_settings:
+            change.write(configuration_record(group_id, config))
+        # The type has a record of its own, written with the first settings too: settings
+        # without one are from before it existed, and mean `connect` (`type_override`).
+        if (typed or wrote_settings) and (group_id not in self.store.types
+                                          or self.store.types[group_id] != kind):
+            change.write(group_type_record(group_id, kind))
+        if change.records:
+            change.events.append(Event("group_config_set", group_id, None, {
+                "group_type": "connect" if group is not None else "classic",
+                "config": dict(body)}))
+        if group is not None:
+            self._note_idleness(group, change, now_ms)
+        return change.result({"group": group_id, "config": self.group_config(group_id)})
+
+    def classic_joiner_type(self, group_id: str) -> str:
+        """The type an empty group `group_id` takes for a classic joiner: the one set for
+        it through the admin API, else the server's `group.connect.classic.group.type`."""
+        return self.store.type_override(group_id) or self.config.classic_group_type
+
+    def _known_group(self, group_id: str) -> None:
+        if group_id not in self.store.groups and group_id not in self.classic.store.groups:
+            raise ApiError(ErrorCode.GROUP_ID_NOT_FOUND, f"group {group_id} does not exist")
 
     def group_config(self, group_id: str) -> dict[str, Any]:
-        group = self._existing_group(group_id)
-        # The type, when set: through the type itself or any other setting (below).
-        return {**_group_config_view(group.config),
-                CLASSIC_GROUP_TYPE_KEY: "connect" if group.configured else None}
+        """What the admin API set for the group, of either type: its settings (-1 or null:
+        the server's) and its type (null: the server's decides)."""
+        self._known_group(group_id)
+        return {**_group_config_view(self.store.settings.get(group_id, GroupConfig())),
+                CLASSIC_GROUP_TYPE_KEY: self.store.type_override(group_id)}
 
     def gives_way(self, group_id: str) -> bool:
         """Whether the connect group `group_id` becomes a classic group for a new classic
-        member: it is empty, the server's `group.connect.classic.group.type` is `classic`,
-        and the admin API set neither its settings nor its connectors (its type set to
-        `connect` is a setting; a classic group could run neither)."""
+        member: it is empty, the admin API set no connectors for it (a classic group could
+        not run them), and the type it takes for a classic joiner is `classic`. Its
+        settings stay (`GroupStore.settings`)."""
         group = self.store.groups.get(group_id)
-        return (group is not None and not group.members and not group.configured
-                and group.units_source == "installs"
-                and self.config.classic_group_type == "classic")
+        return (group is not None and not group.members and group.units_source == "installs"
+                and self.classic_joiner_type(group_id) == "classic")
 
     def give_way(self, group_id: str, change: Any) -> None:
         """The records that delete the connect group a classic member takes (`gives_way`),
@@ -1785,8 +1808,12 @@ class GroupCoordinator:
         self._delete(group, change)
 
     def effective_group_config(self, group_id: str) -> dict[str, Any]:
-        """The values the group runs with: its overrides, else the server's defaults."""
-        group = self._existing_group(group_id)
+        """The values the group runs with: its overrides, else the server's defaults (for a
+        classic group: those it would run with as a connect group)."""
+        self._known_group(group_id)
+        config = self.store.settings.get(group_id, GroupConfig())
+        connect = self.store.groups.get(group_id)
+        group = connect if connect is not None else Group(group_id, config=config)
         offload = group.config.assignor_offload_enable
         return {
             "connect.session.timeout.ms": self._session_timeout(group),
@@ -1796,10 +1823,11 @@ class GroupCoordinator:
                 self.config.assignor_offload_enable if offload is None else offload,
             "scheduled.rebalance.max.delay.ms": self._scheduled_delay(group),
             # where its units come from: `admin` (connectors set through the admin API)
-            # or `installs` (what its client-side assignments hand out)
-            "units.source": group.units_source,
-            # a group in this view is a connect group (classic groups have no overrides)
-            CLASSIC_GROUP_TYPE_KEY: "connect",
+            # or `installs` (what its client-side assignments hand out); null for a
+            # classic group, whose leader assigns what it knows
+            "units.source": group.units_source if connect is not None else None,
+            # the type the group takes, empty, for a classic joiner
+            CLASSIC_GROUP_TYPE_KEY: self.classic_joiner_type(group_id),
         }
 
     def delete_group(self, group_id: str, now_ms: int) -> Result[dict[str, Any]]:
@@ -1812,6 +1840,7 @@ class GroupCoordinator:
         change = _Change(self.store)
         change.event("group_deleted", group)
         self._delete(group, change)
+        self._forget_settings(group_id, change)
         return change.result({"group": group_id, "deleted": True})
 
     def _note_idleness(self, group: Group, change: _Change, now_ms: int) -> None:
@@ -1827,17 +1856,25 @@ class GroupCoordinator:
             change.timers.append(TimerCancel(_timer(EXPIRY_TIMER, group.group_id)))
 
     def _delete(self, group: Group, change: _Change) -> None:
-        """The records that delete an empty group, and its timers cancelled."""
+        """The records that delete an empty group, and its timers cancelled. What the
+        admin API set for it stays (a classic group of that id keeps it): a group that
+        goes for good forgets it too (`_forget_settings`)."""
         group_id = group.group_id
         group.assignor_run = None
         for member_id in list(group.target):
             change.write(target_member_record(group_id, member_id, None))
         change.write(connectors_record(group_id, None))
-        change.write(configuration_record(group_id, None))
         change.write(Record(target_metadata_record(group_id, 0, 0, None, -1, b"").key, None))
         change.write(deadlines_record(group_id, None, None))
         change.write(Record(group_metadata_record(group_id, 0).key, None))
         change.timers.append(TimerClearGroup(group_id))
+
+    def _forget_settings(self, group_id: str, change: _Change) -> None:
+        """The records that delete the settings and the type of a group that goes."""
+        if group_id in self.store.settings:
+            change.write(configuration_record(group_id, None))
+        if group_id in self.store.types:
+            change.write(group_type_record(group_id, None, present=False))
 
 
 CLASSIC_GROUP_TYPE_KEY = "connect.classic.group.type"

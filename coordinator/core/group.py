@@ -46,6 +46,8 @@ from protocol.messages import (
     ConnectGroupTargetAssignmentMetadataValue,
     ConnectorsAndTasks,
     ConnectorTaskId,
+    GroupTypeKey,
+    GroupTypeValue,
 )
 from protocol.messages.connect_group_connectors_value import Connector
 from protocol.records import connector_entries_bytes, connectors_value_bytes
@@ -194,11 +196,9 @@ class Group:
     target: dict[str, TargetPart] = field(default_factory=dict)
     owners: dict[Unit, str] = field(default_factory=dict)  # unit -> member that holds it
     unreconciled: set[str] = field(default_factory=set)
+    # The settings set through the admin API (`GroupStore.settings`, which keeps them
+    # while the group is classic too).
     config: GroupConfig = field(default_factory=GroupConfig)
-    # Whether the group's log holds a configuration record: its settings (or its type,
-    # `connect.classic.group.type=connect`) were set through the admin API, which keeps it
-    # a connect group when it is empty or left with classic members only.
-    configured: bool = False
     # When the server-side assignor asked to run again (held-back units are released then),
     # and when the group, empty and without connectors, is deleted (both durable).
     rerun_at_ms: int | None = None
@@ -367,12 +367,28 @@ class GroupStore:
         self.groups: dict[str, Group] = {}
         self.member_total = 0
         self.classic = ClassicStore()  # classic groups: records of their own
+        # What the admin API set for a group, whichever its type (a classic group keeps
+        # them for when it is a connect group again): its settings, and the type it takes,
+        # empty, for a classic joiner (None: the server's type decides). Both go with the
+        # group when it is deleted.
+        self.settings: dict[str, GroupConfig] = {}
+        self.types: dict[str, str | None] = {}
 
     def group(self, group_id: str) -> Group:
         group = self.groups.get(group_id)
         if group is None:
             group = self.groups[group_id] = Group(group_id)
+            group.config = self.settings.get(group_id, group.config)
         return group
+
+    def type_override(self, group_id: str) -> str | None:
+        """The type set for the group through the admin API: `classic`, `connect`, or None
+        (the server's `group.connect.classic.group.type` decides). A group with settings
+        but no type record has settings from a coordinator that recorded no type apart:
+        any setting then kept a group connect, and it still does."""
+        if group_id in self.types:
+            return self.types[group_id]
+        return "connect" if group_id in self.settings else None
 
     def _member(self, group: Group, member_id: str) -> Member:
         member = group.members.get(member_id)
@@ -430,9 +446,11 @@ class GroupStore:
                     group.assignor_state,
                 )
             case ConnectGroupConfigurationKey():
-                group = self.groups.get(key.group_id)
-                return configuration_record(
-                    key.group_id, group.config if group is not None and group.configured else None)
+                return configuration_record(key.group_id, self.settings.get(key.group_id))
+            case GroupTypeKey():
+                if key.group_id not in self.types:
+                    return Record(key, None)
+                return group_type_record(key.group_id, self.types[key.group_id])
             case ConnectGroupDeadlinesKey():
                 group = self.groups.get(key.group_id)
                 if group is None:
@@ -452,7 +470,7 @@ class GroupStore:
 
     def apply(self, key: Any, value: Any) -> None:
         """`replay` of the record (key, value), for callers that hold them apart."""
-        if value is None and key.group_id not in self.groups and type(key) not in CLASSIC_KEYS:
+        if value is None and key.group_id not in self.groups and type(key) not in _KEPT_APART:
             return  # a tombstone for a group that is gone deletes nothing (and creates nothing)
         # One dict lookup instead of a chain of class patterns: start-up replays every
         # surviving record through here.
@@ -515,13 +533,13 @@ class GroupStore:
                 group.versioned_parts += 1
 
     def _replay_configuration(self, key: ConnectGroupConfigurationKey, value: object) -> None:
-        group = self.group(key.group_id)
-        group.configured = value is not None
+        # (kept apart from the connect group: a classic group keeps its settings too)
         if value is None:
-            group.config = GroupConfig()
+            self.settings.pop(key.group_id, None)
+            config = GroupConfig()
         else:
             assert isinstance(value, ConnectGroupConfigurationValue)
-            group.config = GroupConfig(
+            config = self.settings[key.group_id] = GroupConfig(
                 session_timeout_ms=value.session_timeout_ms,
                 heartbeat_interval_ms=value.heartbeat_interval_ms,
                 assignment_interval_ms=value.assignment_interval_ms,
@@ -532,6 +550,16 @@ class GroupStore:
                 ),
                 scheduled_rebalance_max_delay_ms=value.scheduled_rebalance_max_delay_ms,
             )
+        group = self.groups.get(key.group_id)
+        if group is not None:
+            group.config = config
+
+    def _replay_group_type(self, key: GroupTypeKey, value: object) -> None:
+        if value is None:
+            self.types.pop(key.group_id, None)
+        else:
+            assert isinstance(value, GroupTypeValue)
+            self.types[key.group_id] = value.classic_group_type
 
     def _replay_deadlines(self, key: ConnectGroupDeadlinesKey, value: object) -> None:
         group = self.group(key.group_id)
@@ -711,11 +739,14 @@ GroupStore._appliers = {
     ConnectGroupTargetAssignmentMemberKey: GroupStore._replay_target_member,
     ConnectGroupTargetAssignmentMetadataKey: GroupStore._replay_target_metadata,
     ConnectGroupConfigurationKey: GroupStore._replay_configuration,
+    GroupTypeKey: GroupStore._replay_group_type,
     ConnectGroupDeadlinesKey: GroupStore._replay_deadlines,
     **{key_type: lambda store, key, value: store.classic.apply(key, value)
        for key_type in CLASSIC_KEYS},
 }
 _MEMBER_STATES = {int(state): state for state in MemberState}
+# Records whose tombstone applies whether or not a connect group of that id exists.
+_KEPT_APART = frozenset({*CLASSIC_KEYS, ConnectGroupConfigurationKey, GroupTypeKey})
 
 
 # --- record builders -------------------------------------------------------------------
@@ -865,6 +896,13 @@ def _connector_entry(name: str, tasks: int) -> Connector:
     # change and its undo): the entries of unchanged connectors are the same immutable
     # objects as last time, not a thousand new ones.
     return Connector(name=name, tasks=tasks)
+
+
+def group_type_record(group_id: str, kind: str | None, *, present: bool = True) -> Record:
+    """The type set for the group (`kind`, None: the server's decides), or with
+    `present=False` the tombstone that goes with the group."""
+    key = GroupTypeKey(group_id=group_id)
+    return Record(key, GroupTypeValue(classic_group_type=kind) if present else None)
 
 
 def configuration_record(group_id: str, config: GroupConfig | None) -> Record:

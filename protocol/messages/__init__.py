@@ -56,6 +56,8 @@ from protocol.messages.connect_group_target_assignment_metadata_key import (
 from protocol.messages.connect_group_target_assignment_metadata_value import (
     ConnectGroupTargetAssignmentMetadataValue,
 )
+from protocol.messages.group_type_key import GroupTypeKey
+from protocol.messages.group_type_value import GroupTypeValue
 
 __all__ = [
     "ClassicBridgeMemberKey",
@@ -91,4 +93,6 @@ __all__ = [
     "ConnectGroupTargetAssignmentMetadataValue",
     "ConnectorTaskId",
     "ConnectorsAndTasks",
+    "GroupTypeKey",
+    "GroupTypeValue",
 ]

@@ -1,7 +1,8 @@
 """An empty group takes the type of its next joiner: a connect group whose new-protocol
 members all left becomes a classic group for a classic joiner (the server's
 `group.connect.classic.group.type` being `classic`), with the classic join barrier, unless
-the admin API set the group's settings or connectors; an empty classic group becomes a
+the group was set to `connect` or given connectors through the admin API (its other
+settings do not decide: tests/core/test_group_type_rule.py); an empty classic group becomes a
 connect group for a new-protocol joiner. The change is records like any other: a restart
 right after it comes back with the new type, a rolled-back write with the old one."""
 
@@ -72,16 +73,13 @@ def test_classic_workers_run_the_group_that_new_protocol_workers_left() -> None:
     assert set(ctx.group().members) == {w.member_id for w in workers}
 
 
-@pytest.mark.parametrize("how", ["override", "settings", "connectors", "server_default"])
+@pytest.mark.parametrize("how", ["override", "connectors", "server_default"])
 def test_an_empty_connect_group_keeps_its_type_when_the_setting_says_so(how: str) -> None:
     ctx = ClassicContext(assignment_interval_ms=0,
                          classic_group_type="connect" if how == "server_default" else "classic")
     epoch = emptied_connect_group(ctx)
     if how == "override":
         ctx.apply(ctx.core.set_group_config("g", {KEY: "connect"}, ctx.now))
-    elif how == "settings":
-        ctx.apply(ctx.core.set_group_config("g", {"connect.session.timeout.ms": 20_000},
-                                            ctx.now))
     elif how == "connectors":
         ctx.apply(ctx.core.put_connector("g", "A", 1, ctx.now))
     first = classic_joiner_asks(ctx)

@@ -38,7 +38,7 @@ KEY = ConnectGroupMetadataKey(group_id="g1")
 
 
 def test_record_type_ids_are_the_json_api_keys() -> None:
-    assert sorted(RECORD_TYPES) == [3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 20]
+    assert sorted(RECORD_TYPES) == [3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 20]
     for type_id, (key_type, value_type) in RECORD_TYPES.items():
         assert key_type.__name__.removesuffix("Key") == value_type.__name__.removesuffix("Value")
         assert key_type.__api_key__ == value_type.__api_key__ == type_id

@@ -235,9 +235,10 @@ def _url_and_offset(protocols: Iterable[tuple[str, bytes]], name: str | None
 def should_downgrade(core: GroupCoordinator, group: Group) -> bool:
     """Whether the group is to become classic now: only bridged (classic) members remain,
     the policy allows it, its units come from its installs (a classic group has no
-    connectors of its own) and the admin API did not set its settings (its type set to
-    `connect` among them: a classic group has none of them)."""
-    if not group.members or group.units_source != "installs" or group.configured:
+    connectors of its own) and it was not set to `connect` through the admin API (its
+    other settings stay with the classic group, for when it is a connect group again)."""
+    if (not group.members or group.units_source != "installs"
+            or core.store.type_override(group.group_id) == "connect"):
         return False
     bridged = core.store.classic.bridged
     if any((group.group_id, member_id) not in bridged for member_id in group.members):

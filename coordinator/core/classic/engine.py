@@ -274,6 +274,10 @@ class ClassicEngine:
         self.connect_gives_way: Callable[[str], bool] = lambda group_id: False
         self.connect_give_way: Callable[[str, Any], None] = lambda group_id, change: None
         self.connect_records: Any = self.store
+        # The type an empty group takes for a classic joiner (set by the coordinator: the
+        # group's own, set through the admin API, else the server's).
+        self.classic_joiner_type: Callable[[str], str] = \
+            lambda group_id: self.config.classic_group_type
 
     def _bridged(self, group_id: str) -> bool:
         return self.bridge is not None and self.bridge.handles(group_id)
@@ -324,19 +328,26 @@ class ClassicEngine:
 
     # ------------------------------------------------------------------ JoinGroup
     def join(self, request: JoinRequest, now_ms: int) -> Result[JoinAnswer | Parked]:
+        # An empty group takes the type of its next joiner: for a classic one, the type
+        # the group was set to, else the server's (`classic_joiner_type`).
         taking_over = False
-        if self.bridge is not None and (
-                self.bridge.handles(request.group_id)
-                or (request.group_id not in self.store.groups
-                    and self.config.classic_group_type == "connect")):
-            # A connect group, or a new group that classic joiners put on the connect
-            # engine (group.connect.classic.group.type=connect) -- unless it is an empty
-            # connect group that a new classic member takes (an empty group takes the
-            # type of its next joiner).
-            taking_over = not request.member_id and self.connect_gives_way(request.group_id)
-            if not taking_over:
-                bridged: Result[JoinAnswer | Parked] = self.bridge.join(request, now_ms)
-                return bridged
+        if self.bridge is not None:
+            group_id = request.group_id
+            if self.bridge.handles(group_id):
+                # A connect group -- unless it is an empty one that a new classic member
+                # makes classic.
+                taking_over = not request.member_id and self.connect_gives_way(group_id)
+                bridged = not taking_over
+            else:
+                # A new group, or an empty classic group (its members all left), that a
+                # classic member puts on the connect engine: the bridge's join creates the
+                # connect group, and deletes the empty classic group in the same change.
+                existing = self.store.groups.get(group_id)
+                bridged = ((existing is None or not existing.active())
+                           and self.classic_joiner_type(group_id) == "connect")
+            if bridged:
+                answer: Result[JoinAnswer | Parked] = self.bridge.join(request, now_ms)
+                return answer
         # One change deletes the connect group taken over and creates the classic group.
         change = _Change(self.connect_records if taking_over else self.store)
         try:
