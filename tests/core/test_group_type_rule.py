@@ -272,3 +272,45 @@ def test_an_expired_group_takes_its_settings_and_type_with_it() -> None:
         ctx.core.group_config("g")
     member = classic_joins(ctx)  # a new group: the server's type again
     assert group_type(ctx) == "classic" and member in ctx.group().members
+
+
+def test_a_deleted_group_takes_its_settings_and_type_with_it() -> None:
+    ctx = ClassicContext(assignment_interval_ms=0)
+    set_config(ctx, {KEY: "connect", SESSION: 20_000})
+    ctx.apply(ctx.core.delete_group("g", ctx.now))
+    assert group_type(ctx) is None
+    assert "g" not in ctx.core.store.settings and "g" not in ctx.core.store.types
+    replays_the_same(ctx)
+    set_config(ctx, {})  # the group again, with nothing set
+    assert ctx.core.group_config("g")[KEY] is None
+    assert ctx.core.group_config("g")[SESSION] == -1
+
+
+# ---------------------------------------------------------------- settings on classic groups
+
+def test_settings_set_for_a_classic_group_with_members_change_nothing_else() -> None:
+    ctx = ClassicContext(assignment_interval_ms=0)
+    workers = [ClassicWorker(ctx, f"w{i}") for i in (1, 2)]
+    run(ctx, workers)
+    meta, members = ctx.group().meta, dict(ctx.group().members)
+    set_config(ctx, {SESSION: 20_000})
+    assert group_type(ctx) == "classic"
+    assert (ctx.group().meta, ctx.group().members) == (meta, members)
+    replays_the_same(ctx)
+    assert ctx.core.effective_group_config("g")[SESSION] == 20_000
+
+
+# ---------------------------------------------------------------- a write that fails
+
+@pytest.mark.parametrize("body", [{KEY: "classic", SESSION: 20_000}, {KEY: None},
+                                  {SESSION: 30_000}])
+def test_a_config_change_that_cannot_be_written_is_rolled_back(body: dict[str, Any]) -> None:
+    ctx = ClassicContext(assignment_interval_ms=0)
+    set_config(ctx, {KEY: "connect", SESSION: 20_000})
+    before = state(ctx.core)
+    result = ctx.core.set_group_config("g", body, ctx.now)
+    assert result.records and state(ctx.core) != before
+    ctx.core.rollback(result)
+    assert state(ctx.core) == before
+    assert ctx.core.store.types == {"g": "connect"}
+    assert ctx.core.store.settings["g"] == GroupConfig(session_timeout_ms=20_000)

@@ -16,14 +16,18 @@ scheduling rule (`GroupCoordinator.reschedule`) derives the old group's timers a
   the bridge). The joiner's own join then bumps the epoch as any join does.
 - Downgrade: the classic group's generation is the group epoch; each member keeps what it
   holds (as its last assignment of that generation) and a classic rebalance starts, so
-  the workers' own leader assigns from what they report holding. A group whose
-  connectors or settings were set through the admin API is not downgraded: a classic
-  group could not run them (its type set to `connect` is such a setting).
-- An empty connect group that a new classic member joins becomes a classic group when the
-  server's `group.connect.classic.group.type` is `classic` and the admin API set neither
-  its connectors nor its settings (`GroupCoordinator.gives_way`): the join's change deletes
-  the connect group and creates the classic one. An empty classic group that a
-  new-protocol member joins gives way the same way (`ClassicEngine.give_up_empty`).
+  the workers' own leader assigns from what they report holding. A group with connectors
+  set through the admin API (a classic group could not run them), or set to `connect`
+  through it, is not downgraded. Its other settings are not the classic group's business:
+  they stay in their own record for when the group is a connect group again.
+- An empty group takes the type of its next joiner; for a classic joiner, the type set
+  for the group through the admin API, else the server's `group.connect.classic.group.type`
+  (`GroupCoordinator.classic_joiner_type`). An empty connect group without connectors set
+  through the admin API that a new classic member joins becomes a classic group when that
+  type is `classic` (`GroupCoordinator.gives_way`): the join's change deletes the connect
+  group and creates the classic one. An empty classic group gives way the same way
+  (`ClassicEngine.give_up_empty`) to a new-protocol member, and to a classic member when
+  that type is `connect` (its join goes to the bridge, which creates the connect group).
 """
 
 from __future__ import annotations

@@ -314,8 +314,9 @@ class ClassicEngine:
         change.write(metadata_record(group_id, None))
 
     def keep_empty(self, group_id: str, change: Any) -> None:
-        """An empty classic group `group_id` (unless it is one already): its type chosen
-        before any member joins, through the admin config API."""
+        """An empty classic group `group_id` (unless it is one already): the group set to
+        `classic` through the admin config API while it is empty or new. (The type itself
+        is the coordinator's record, `GroupType`, kept whichever the group's type.)"""
         if group_id not in self.store.groups:
             change.write(metadata_record(group_id, new_metadata(PROTOCOL_TYPE)))
 
