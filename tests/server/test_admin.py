@@ -265,6 +265,22 @@ async def test_a_groups_type_is_set_through_the_config_api(server: ServerHandle)
     status, answer = await http(server, "PUT", "/groups/fresh/config", {key: "classic"})
     assert status == 200, answer
     assert (await http(server, "GET", "/groups/fresh"))[1]["type"] == "classic"
+    # the type and the settings of a classic group, shown and set like a connect group's
+    status, answer = await http(server, "PUT", "/groups/fresh/config",
+                                {"connect.session.timeout.ms": 20_000})
+    assert status == 200, answer
+    assert (await http(server, "GET", "/groups/fresh"))[1]["type"] == "classic"
+    shown = (await http(server, "GET", "/groups/fresh/config"))[1]
+    assert (shown["config"][key], shown["config"]["connect.session.timeout.ms"]) == (
+        "classic", 20_000)
+    # connectors would be lost on a classic group: refused, saying why
+    status, answer = await http(server, "PUT", "/groups/fresh/connectors/a", {"tasks": 1})
+    assert_error_body(status, answer, 400)
+    assert "classic" in answer["message"]
+    # null: the server's type decides again (classic by default)
+    status, answer = await http(server, "PUT", "/groups/fresh/config", {key: None})
+    assert status == 200 and answer["config"][key] is None, answer
+    assert (await http(server, "GET", "/groups/fresh/config"))[1]["effective"][key] == "classic"
     # a group with connectors keeps its type; the refusal says why
     await http(server, "PUT", "/groups/g/connectors/a", {"tasks": 1})
     status, answer = await http(server, "PUT", "/groups/g/config", {key: "classic"})
