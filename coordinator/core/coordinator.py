@@ -1775,7 +1775,12 @@ class GroupCoordinator:
 
     def classic_joiner_type(self, group_id: str) -> str:
         """The type an empty group `group_id` takes for a classic joiner: the one set for
-        it through the admin API, else the server's `group.connect.classic.group.type`."""
+        it through the admin API, else the server's `group.connect.classic.group.type`;
+        `connect` for a connect group whose connectors the admin API set (a classic group
+        could not run them, and they cannot be set for a group set to `classic`)."""
+        group = self.store.groups.get(group_id)
+        if group is not None and group.units_source != "installs":
+            return "connect"
         return self.store.type_override(group_id) or self.config.classic_group_type
 
     def _known_group(self, group_id: str) -> None:
@@ -1791,11 +1796,10 @@ class GroupCoordinator:
 
     def gives_way(self, group_id: str) -> bool:
         """Whether the connect group `group_id` becomes a classic group for a new classic
-        member: it is empty, the admin API set no connectors for it (a classic group could
-        not run them), and the type it takes for a classic joiner is `classic`. Its
+        member: it is empty and the type it takes for a classic joiner is `classic`. Its
         settings stay (`GroupStore.settings`)."""
         group = self.store.groups.get(group_id)
-        return (group is not None and not group.members and group.units_source == "installs"
+        return (group is not None and not group.members
                 and self.classic_joiner_type(group_id) == "classic")
 
     def give_way(self, group_id: str, change: Any) -> None:

@@ -235,7 +235,8 @@ def test_a_group_with_connectors_stays_connect_for_a_classic_joiner() -> None:
     emptied_connect_group(ctx)
     member = classic_joins(ctx)
     assert group_type(ctx) == "connect" and ("g", member) in ctx.engine.store.bridged
-    assert ctx.core.group_config("g")[KEY] is None
+    assert ctx.core.group_config("g")[KEY] is None  # nothing set: the connectors decide
+    assert ctx.core.effective_group_config("g")[KEY] == "connect"
 
 
 # ---------------------------------------------------------------- logs of before
