@@ -14,7 +14,9 @@ worker carries on and the group converges: of the type its workers call for, sta
 unit run by exactly one worker, as the coordinator says.
 
 The group's units come from its workers' assignments (no connectors set through the admin
-API), as for real Connect workers: the only way a group can be downgraded.
+API), as for real Connect workers: the only way a group can be downgraded. The admin API
+sets the group's type (and a setting) at any moment, which decides only what the group
+becomes once empty.
 """
 
 from __future__ import annotations
@@ -92,7 +94,8 @@ def _state(core: GroupCoordinator) -> Any:
         for group_id, group in core.store.groups.items()}
     classic = {group_id: (asdict(group.meta), {m: asdict(v) for m, v in group.members.items()})
                for group_id, group in core.store.classic.groups.items()}
-    return connect, classic, dict(core.store.classic.bridged)
+    return (connect, classic, dict(core.store.classic.bridged), dict(core.store.settings),
+            dict(core.store.types))
 
 
 class ConversionMachine(RuleBasedStateMachine):
@@ -195,6 +198,20 @@ class ConversionMachine(RuleBasedStateMachine):
             worker.leave()  # (stops its units and goes whatever the answer)
         except WriteFailed:
             worker.gone, worker.held = True, frozenset()
+        finally:
+            self.ctx.fail_at = None
+
+    @rule(kind=st.sampled_from([None, "classic", "connect"]),
+          interval=st.none() | st.sampled_from([-1, 2_000]), fail=st.booleans())
+    def admin_sets_the_type(self, kind: str | None, interval: int | None, fail: bool) -> None:
+        body: dict[str, Any] = {"connect.classic.group.type": kind}
+        if interval is not None:  # (a setting that leaves sessions, hence safety, alone)
+            body["connect.heartbeat.interval.ms"] = interval
+        self.ctx.fail_at = 0 if fail else None
+        try:
+            self.ctx.apply(self.ctx.core.set_group_config(G, body, self.ctx.now))
+        except WriteFailed:
+            pass
         finally:
             self.ctx.fail_at = None
 
@@ -312,7 +329,9 @@ class ConversionMachine(RuleBasedStateMachine):
     def _connect_group_without_new_members(self) -> bool:
         group = self.ctx.core.store.groups.get(G)
         bridged = self.ctx.core.store.classic.bridged
-        return group is not None and all((G, m) in bridged for m in group.members)
+        # (an empty one is not: it takes the type of its next joiner)
+        return group is not None and bool(group.members) and all(
+            (G, m) in bridged for m in group.members)
 
     def _converged(self, present: list[Any], expected: str) -> bool:
         core = self.ctx.core

@@ -344,8 +344,8 @@ class ClassicEngine:
                 # classic member puts on the connect engine: the bridge's join creates the
                 # connect group, and deletes the empty classic group in the same change.
                 existing = self.store.groups.get(group_id)
-                bridged = ((existing is None or not existing.active())
-                           and self.classic_joiner_type(group_id) == "connect")
+                bridged = (self.classic_joiner_type(group_id) == "connect"
+                           and (existing is None or not existing.active()))
             if bridged:
                 answer: Result[JoinAnswer | Parked] = self.bridge.join(request, now_ms)
                 return answer
