@@ -1335,7 +1335,7 @@ class GroupCoordinator:
             from_installs = group.units_source == "installs"
             group.prepared = PreparedAssignment(
                 group.epoch, frozenset(group.members), None if from_installs else group.units,
-                name,
+                name, {m.member_id: m.current.held for m in group.members.values()},
             )
             change.event("assignment_prepared", group, request.member_id, assignor=name)
             response = ConnectGroupPrepareAssignmentResponse(

@@ -320,6 +320,9 @@ class PreparedAssignment:
     member_ids: frozenset[str]
     units: frozenset[Unit] | None  # None: the group takes its units from its installs
     assignor_name: str
+    # What each member held when Prepare was answered: what the assigning worker was
+    # shown. A classic leader's assignment revokes and grants relative to it.
+    held: dict[str, frozenset[Unit]] = field(default_factory=dict)
 
 
 # --- conversions between the model and the wire/record structs ---------------------------

@@ -16,7 +16,9 @@ prepare, install), so revoke-before-assign, fencing and durability are the engin
   being what the coordinator knows it holds), only when it is the worker chosen to
   compute a client-side assignment.
 - The chosen worker's SyncGroup is its Install for the group epoch Prepare handed out:
-  each member's part is its allocation minus what it revokes plus what it is granted.
+  each member's part is the allocation the leader was shown (what the member held when
+  Prepare was answered) minus what it revokes plus what it is granted, so a unit a
+  member was granted since and the leader gave to another is released before it moves.
   An invalid one changes nothing; its sender is told REBALANCE_IN_PROGRESS.
 - Every SyncGroup is answered with the member's reconciled assignment in Connect's
   incremental form: the units granted beyond its allocation and the ones to revoke now
@@ -335,10 +337,11 @@ class ClassicBridge:
                 timers[index] = TimerSet(key, now_ms + timeout_ms)
 
     def _leader_view(self, group_id: str, prepared: Any) -> JoinMember:
-        """A member's metadata for the leader, its allocation being what it holds."""
+        """A member's metadata for the leader, its allocation being what it held when
+        Prepare was answered (what the leader's SyncGroup is read against)."""
         group = self.core.store.groups[group_id]
-        member = group.members.get(prepared.member_id)
-        held = member.current.held if member is not None else NO_UNITS
+        shown = group.prepared.held if group.prepared is not None else {}
+        held = shown.get(prepared.member_id, NO_UNITS)
         data = prepared.assignor.metadata
         try:
             metadata = decode_worker_metadata(data)
@@ -433,15 +436,20 @@ class ClassicBridge:
     def _install(self, group: Any, request: SyncRequest, group_epoch: int,
                  now_ms: int) -> Result[str | None]:
         """The chosen worker's assignment as an Install; `response` is None when it took,
-        else the reason it did not."""
+        else the reason it did not.
+
+        Connect's leader revokes and grants relative to the allocations its JoinGroup
+        answer showed it, so each part is read against those, not against what members
+        hold now: a unit granted to a member since (it synced in between) and handed by
+        the leader to another is that other's target, which the holder releases first."""
         parts = []
         error = 0
+        shown = group.prepared.held if group.prepared is not None else {}
         try:
             for member_id, blob in request.assignments:
                 assignment = decode_assignment(blob)
                 error = max(error, assignment.error)
-                member = group.members.get(member_id)
-                holds = member.current.held if member is not None else NO_UNITS
+                holds = shown.get(member_id, NO_UNITS)
                 units = assignment.assigned if assignment.version == EAGER_VERSION \
                     else (holds - assignment.revoked) | assignment.assigned
                 parts.append(MemberAssignment(member_id=member_id, assigned=units_to_wire(units),
