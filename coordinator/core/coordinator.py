@@ -34,6 +34,7 @@ from coordinator.core.group import (
     Member,
     MemberMetadata,
     PreparedAssignment,
+    computed_by,
     configuration_record,
     connectors_record,
     current_assignment_record,
@@ -931,6 +932,13 @@ class GroupCoordinator:
         if group.chosen_member in candidates:
             return  # stickiness: the previous chooser keeps the job while it qualifies
         chosen = candidates[0] if candidates else None
+        if group.chosen_member is None:
+            # (as after a load or a rollback) The worker that computed the current target
+            # keeps the job: Connect's assignor forgets its previous assignment when
+            # another worker takes it over.
+            assigner = computed_by(group)
+            if assigner is not None and assigner in candidates:
+                chosen = assigner
         if chosen != group.chosen_member:
             group.chosen_member = chosen
             group.compute_requested_ms = None

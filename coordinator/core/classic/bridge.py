@@ -31,7 +31,8 @@ prepare, install), so revoke-before-assign, fencing and durability are the engin
   departed worker's units back) after a round it completed without assigning. So its
   JoinGroup computes a pending assignment inside the assignment interval, any other
   JoinGroup of it starts a new one (a new reason), and the epoch its own install moved
-  it to does not call it back.
+  it to does not call it back. Which worker that is survives a restart: the engine asks
+  the one the current target names as its leader (`computed_by`) while it is a member.
 - LeaveGroup is a leave (epoch -1; -2 for a static member, which keeps its units for its
   session).
 
@@ -67,7 +68,7 @@ from coordinator.core.classic.engine import (
     SyncRequest,
 )
 from coordinator.core.classic.state import ClassicStore, bridge_record
-from coordinator.core.group import units_to_wire
+from coordinator.core.group import computed_by, units_to_wire
 from coordinator.core.reconcile import MemberState
 from coordinator.core.result import SESSION_TIMER, Event, Result, TimerSet
 from coordinator.units import Unit
@@ -313,16 +314,10 @@ class ClassicBridge:
 
     @staticmethod
     def _ran_last_assignment(group: Any, member: Any) -> bool:
-        """Whether the member computed the group's current target, as the leader its own
-        part of it names says: the engine's choice of worker is forgotten by a restart,
-        this is not."""
-        part = group.target.get(member.member_id)
-        if part is None or not part.metadata:
-            return False
-        try:
-            return bool(decode_assignment(part.metadata).leader == member.member_id)
-        except ConnectProtocolError:
-            return False
+        """Whether the member computed the group's current target, as the target says
+        (`computed_by`: what the engine's choice of worker falls back on after a
+        restart or a rolled-back write)."""
+        return bool(computed_by(group) == member.member_id)
 
     @staticmethod
     def _own_session(result: Result[Any], group_id: str, member_id: str, timeout_ms: int,
@@ -482,7 +477,11 @@ class ClassicBridge:
                 self._leaders.clear()
             self._leaders[group_id] = memo
         _group, _version, best, highest = memo
+        # The worker asked to assign, else (none asked yet since a restart) the one
+        # that computed the current target: the leader a worker was last told stays.
         chosen = group.chosen_member
+        if chosen is None:
+            chosen = computed_by(group)
         member = group.members.get(chosen) if chosen is not None else None
         if member is not None and member.metadata is not None:
             return chosen or "", member.metadata.worker_url, highest
