@@ -214,3 +214,42 @@ def test_a_rolled_back_write_leaves_the_choice_as_a_fresh_load_would() -> None:
     assert all(w.assigned_in is None for w in workers if w is not leader)
     assert leader.forgot == []
     assert frozenset().union(*(w.held for w in workers)) == UNITS
+
+
+def test_a_unit_granted_after_the_leaders_join_answer_and_handed_to_nobody_is_released(
+) -> None:
+    """The same interleaving, but the leader (holding the unit back, say) hands it to
+    nobody: read against what it was shown, the member that was granted it since is told
+    to release it, and nobody is given it."""
+    ctx = ClassicContext(classic_group_type="connect", assignment_interval_ms=0)
+    ctx.apply(ctx.core.put_connector("g", "A", 1, ctx.now))
+    given, kept = sorted(units_of({"A": 1}))
+    leader, late, third = (ClassicWorker(ctx, "a"), ClassicWorker(ctx, "c"),
+                           ClassicWorker(ctx, "b"))
+    workers = [leader, late, third]
+    group = ctx.core.store.groups["g"]
+    join(ctx, leader)
+    sync(ctx, leader, {leader.member_id: encode_assignment(
+        ConnectAssignment(2, leader=leader.member_id))})
+    join(ctx, late)
+    assert ctx.heartbeat(leader.member_id, leader.generation) == E.REBALANCE_IN_PROGRESS
+    join(ctx, leader)
+    sync(ctx, leader, {
+        leader.member_id: encode_assignment(ConnectAssignment(
+            2, leader=leader.member_id, assigned=frozenset({kept}))),
+        late.member_id: encode_assignment(ConnectAssignment(
+            2, leader=leader.member_id, assigned=frozenset({given})))})
+    join(ctx, third)
+    assert ctx.heartbeat(leader.member_id, leader.generation) == E.REBALANCE_IN_PROGRESS
+    seen = shown(join(ctx, leader))
+    assert sync(ctx, late).error == E.NONE and late.held == {given}
+    plan = {member_id: ConnectAssignment(2, leader=leader.member_id) for member_id in seen}
+    assert sync(ctx, leader, {m: encode_assignment(a) for m, a in plan.items()}).error \
+        == E.NONE
+    assert all(given not in part.units for part in group.target.values())
+    assert ctx.heartbeat(late.member_id, late.generation) == E.REBALANCE_IN_PROGRESS
+    join(ctx, late)
+    synced = sync(ctx, late)
+    assert synced.error == E.NONE and given in decode_assignment(synced.assignment).revoked
+    assert given not in late.held
+    no_unit_held_twice(ctx, workers)
