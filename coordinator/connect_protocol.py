@@ -287,6 +287,15 @@ def decode_worker_metadata(data: bytes) -> WorkerMetadata:
     return WorkerMetadata(version, url, config_offset, allocation)
 
 
+def assignment_leader(data: bytes) -> str:
+    """The leader an assignment names, read from its header alone (its units are not
+    decoded); ConnectProtocolError if the header is malformed."""
+    reader = _Reader(data)
+    _read_version(reader, "assignment")
+    reader.int16("error")
+    return reader.string("leader")
+
+
 def decode_assignment(data: bytes) -> ConnectAssignment:
     reader = _Reader(data)
     version = _read_version(reader, "assignment")

@@ -34,6 +34,7 @@ from coordinator.core.group import (
     Member,
     MemberMetadata,
     PreparedAssignment,
+    computed_by,
     configuration_record,
     connectors_record,
     current_assignment_record,
@@ -933,6 +934,13 @@ class GroupCoordinator:
         if group.chosen_member in candidates:
             return  # stickiness: the previous chooser keeps the job while it qualifies
         chosen = candidates[0] if candidates else None
+        if group.chosen_member is None:
+            # (as after a load or a rollback) The worker that computed the current target
+            # keeps the job: Connect's assignor forgets its previous assignment when
+            # another worker takes it over.
+            assigner = computed_by(group)
+            if assigner is not None and assigner in candidates:
+                chosen = assigner
         if chosen != group.chosen_member:
             group.chosen_member = chosen
             group.compute_requested_ms = None
@@ -1337,7 +1345,7 @@ class GroupCoordinator:
             from_installs = group.units_source == "installs"
             group.prepared = PreparedAssignment(
                 group.epoch, frozenset(group.members), None if from_installs else group.units,
-                name,
+                name, {m.member_id: m.current.held for m in group.members.values()},
             )
             change.event("assignment_prepared", group, request.member_id, assignor=name)
             response = ConnectGroupPrepareAssignmentResponse(

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from coordinator.config import GroupConfig
+from coordinator.connect_protocol import ConnectProtocolError, assignment_leader
 from coordinator.core.classic.state import CLASSIC_KEY_TYPES as CLASSIC_KEYS
 from coordinator.core.classic.state import ClassicStore
 from coordinator.core.reconcile import (
@@ -312,6 +313,28 @@ class Group:
             self.unreconciled.add(member.member_id)
 
 
+def computed_by(group: Group) -> str | None:
+    """The member that computed the group's current target, read from the target itself:
+    a Connect assignment names its leader in every part, and the leader's own part names
+    itself. None for a target whose parts say no such thing (a server-side run's, say),
+    or whose leader is no longer a member. Derived from replayed state only, so a restart
+    or a rolled-back write gives the same answer as before."""
+    for part in group.target.values():
+        if not part.metadata:
+            continue
+        try:
+            leader = assignment_leader(part.metadata)
+            own = group.target.get(leader)
+            # (every part comes from one install, so the first readable one decides)
+            if leader in group.members and own is not None and own.metadata \
+                    and assignment_leader(own.metadata) == leader:
+                return leader
+        except ConnectProtocolError:
+            pass
+        return None
+    return None
+
+
 @dataclass(frozen=True, slots=True)
 class PreparedAssignment:
     """What Prepare handed out; Install is validated against it."""
@@ -320,6 +343,9 @@ class PreparedAssignment:
     member_ids: frozenset[str]
     units: frozenset[Unit] | None  # None: the group takes its units from its installs
     assignor_name: str
+    # What each member held when Prepare was answered: what the assigning worker was
+    # shown. A classic leader's assignment revokes and grants relative to it.
+    held: dict[str, frozenset[Unit]] = field(default_factory=dict)
 
 
 # --- conversions between the model and the wire/record structs ---------------------------

@@ -45,6 +45,11 @@ class ClassicWorker:
         self.generation = -1
         self.held: frozenset[Unit] = frozenset()
         self.phase = "join"
+        # Set: its SyncGroup waits for its next step after the JoinGroup answer, so other
+        # workers' requests come in between (a leader's assignment then lands on
+        # holdings that moved since it was shown them).
+        self.pause_after_join = False
+        self.pending_sync: dict[str, bytes] = {}
 
     def metadata(self) -> bytes:
         return encode_worker_metadata(WorkerMetadata(
@@ -76,6 +81,8 @@ class ClassicWorker:
             taken = ctx.take(SYNC, self.member_id)
             if taken is not None:
                 self._synced(taken)
+        elif self.phase == "sync":
+            self._sync(self.pending_sync)
 
     def _joined(self, answer: JoinAnswer) -> None:
         if answer.error == E.MEMBER_ID_REQUIRED:
@@ -96,6 +103,12 @@ class ClassicWorker:
                 owned[member.member_id] = metadata.allocation.assigned \
                     if metadata.allocation else frozenset()
             assignments = {m: encode_assignment(a) for m, a in cooperative(owned).items()}
+        if self.pause_after_join:
+            self.phase, self.pending_sync = "sync", assignments
+            return
+        self._sync(assignments)
+
+    def _sync(self, assignments: dict[str, bytes]) -> None:
         synced = self.ctx.sync(self.member_id, self.generation, assignments=assignments)
         if isinstance(synced, Parked):
             self.phase = "wait_sync"

@@ -147,12 +147,17 @@ class ConversionMachine(RuleBasedStateMachine):
             worker.phase = "join"
 
     @rule(name=st.sampled_from(CLASSIC), fail_at=st.none() | st.integers(0, 1),
-          lose_at=st.none() | st.integers(0, 1))
-    def classic_step(self, name: str, fail_at: int | None, lose_at: int | None) -> None:
+          lose_at=st.none() | st.integers(0, 1), pause=st.booleans())
+    def classic_step(self, name: str, fail_at: int | None, lose_at: int | None,
+                     pause: bool) -> None:
+        """`pause`: a JoinGroup answered in this step has its SyncGroup in the worker's
+        next step, so others' requests (another's SyncGroup granting it units, say) can
+        come between a leader's JoinGroup answer and its assignment."""
         worker = self.classic[name]
         if name in self.classic_gone:  # it starts (again): a new member
             self.classic_gone.discard(name)
             worker.member_id, worker.phase, worker.held = "", "join", frozenset()
+        worker.pause_after_join = pause
         self._step(name, worker.step, fail_at, lose_at)
 
     @rule(name=st.sampled_from(CLASSIC), fail=st.booleans())
@@ -309,6 +314,8 @@ class ConversionMachine(RuleBasedStateMachine):
     def teardown(self) -> None:
         """Every classic worker (back) in, new ones as they are; the group must settle."""
         self.classic_gone.clear()
+        for worker in self.classic.values():
+            worker.pause_after_join = False
         present = [w for w in self.workers() if not getattr(w, "gone", False)]
         expected = "connect" if any(not w.gone for w in self.new.values()) else "classic"
         for _ in range(60):

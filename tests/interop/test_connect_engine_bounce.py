@@ -3,7 +3,8 @@
 not bounced must neither stop nor start a task. Connect's leader holds the departed
 worker's tasks back for its scheduled delay and then hands them to the returning worker,
 as it does on a broker, only if it keeps its view of the previous assignment: it keeps it
-while it assigned in every round it completed."""
+while it assigned in every round it completed. The same holds after the coordinator was
+killed and restarted on its data dir: it asks the same worker to assign."""
 
 from __future__ import annotations
 
@@ -26,9 +27,22 @@ SCHEDULED_DELAY_MS = 15_000
 
 def test_a_follower_bounce_moves_no_task_on_the_other_workers(
         kafka_broker: Broker, tmp_path: Path, processes: list[Any]) -> None:
+    _follower_bounce(kafka_broker, tmp_path, processes, restart_coordinator=False)
+
+
+def test_after_a_coordinator_restart_the_leader_keeps_its_view_through_a_bounce(
+        kafka_broker: Broker, tmp_path: Path, processes: list[Any]) -> None:
+    """The coordinator is killed and restarted on its data dir first: it must ask the same
+    worker to assign as before, or the new one starts from scratch and moves tasks."""
+    _follower_bounce(kafka_broker, tmp_path, processes, restart_coordinator=True)
+
+
+def _follower_bounce(kafka_broker: Broker, tmp_path: Path, processes: list[Any], *,
+                     restart_coordinator: bool) -> None:
+    data_dir = tmp_path / "coordinator-data" if restart_coordinator else None
+    extra = ["--set", "group.connect.classic.group.type=connect"]
     coordinator = start_coordinator(tmp_path / "coordinator", kafka_broker.bootstrap,
-                                    "owned-.*",
-                                    extra=["--set", "group.connect.classic.group.type=connect"])
+                                    "owned-.*", extra=extra, data_dir=data_dir)
     processes.append(coordinator)
     group = "owned-engine-bounce"
     workers = start_workers(tmp_path, 3, coordinator.bootstrap, group, processes, overrides={
@@ -39,6 +53,15 @@ def test_a_follower_bounce_moves_no_task_on_the_other_workers(
                  f"every task of {name} RUNNING")
     assert coordinator.admin(f"/groups/{group}")["type"] == "connect"
     wait_for(lambda: connect_leader(workers) is not None, 30, "a leader named in the logs")
+    if restart_coordinator:
+        wait_for(lambda: coordinator.admin(f"/groups/{group}")["state"].upper() == "STABLE",
+                 60, "a stable group before the restart")
+        coordinator.process.kill()
+        coordinator = start_coordinator(
+            coordinator.process.folder, kafka_broker.bootstrap, "owned-.*", extra=extra,
+            port=coordinator.port, admin_port=coordinator.admin_port, data_dir=data_dir)
+        processes.append(coordinator)
+        assert coordinator.admin(f"/groups/{group}")["type"] == "connect"
     index = pick(workers, 0, "follower")
     leader = connect_leader(workers)
     assert leader is not None and leader != index
@@ -53,4 +76,5 @@ def test_a_follower_bounce_moves_no_task_on_the_other_workers(
     # logs this at debug level, which the workers' logs keep for its assignor).
     assert "Clearing the view of previous assignments" not in \
         leader_log.read_text()[logged_before:]
+    assert connect_leader(workers) == leader
     assert_no_task_on_two_workers(workers, {})

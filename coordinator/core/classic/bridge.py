@@ -16,7 +16,9 @@ prepare, install), so revoke-before-assign, fencing and durability are the engin
   being what the coordinator knows it holds), only when it is the worker chosen to
   compute a client-side assignment.
 - The chosen worker's SyncGroup is its Install for the group epoch Prepare handed out:
-  each member's part is its allocation minus what it revokes plus what it is granted.
+  each member's part is the allocation the leader was shown (what the member held when
+  Prepare was answered) minus what it revokes plus what it is granted, so a unit a
+  member was granted since and the leader gave to another is released before it moves.
   An invalid one changes nothing; its sender is told REBALANCE_IN_PROGRESS.
 - Every SyncGroup is answered with the member's reconciled assignment in Connect's
   incremental form: the units granted beyond its allocation and the ones to revoke now
@@ -29,7 +31,8 @@ prepare, install), so revoke-before-assign, fencing and durability are the engin
   departed worker's units back) after a round it completed without assigning. So its
   JoinGroup computes a pending assignment inside the assignment interval, any other
   JoinGroup of it starts a new one (a new reason), and the epoch its own install moved
-  it to does not call it back.
+  it to does not call it back. Which worker that is survives a restart: the engine asks
+  the one the current target names as its leader (`computed_by`) while it is a member.
 - LeaveGroup is a leave (epoch -1; -2 for a static member, which keeps its units for its
   session).
 
@@ -65,7 +68,7 @@ from coordinator.core.classic.engine import (
     SyncRequest,
 )
 from coordinator.core.classic.state import ClassicStore, bridge_record
-from coordinator.core.group import units_to_wire
+from coordinator.core.group import computed_by, units_to_wire
 from coordinator.core.reconcile import MemberState
 from coordinator.core.result import SESSION_TIMER, Event, Result, TimerSet
 from coordinator.units import Unit
@@ -311,16 +314,10 @@ class ClassicBridge:
 
     @staticmethod
     def _ran_last_assignment(group: Any, member: Any) -> bool:
-        """Whether the member computed the group's current target, as the leader its own
-        part of it names says: the engine's choice of worker is forgotten by a restart,
-        this is not."""
-        part = group.target.get(member.member_id)
-        if part is None or not part.metadata:
-            return False
-        try:
-            return bool(decode_assignment(part.metadata).leader == member.member_id)
-        except ConnectProtocolError:
-            return False
+        """Whether the member computed the group's current target, as the target says
+        (`computed_by`: what the engine's choice of worker falls back on after a
+        restart or a rolled-back write)."""
+        return bool(computed_by(group) == member.member_id)
 
     @staticmethod
     def _own_session(result: Result[Any], group_id: str, member_id: str, timeout_ms: int,
@@ -335,10 +332,11 @@ class ClassicBridge:
                 timers[index] = TimerSet(key, now_ms + timeout_ms)
 
     def _leader_view(self, group_id: str, prepared: Any) -> JoinMember:
-        """A member's metadata for the leader, its allocation being what it holds."""
+        """A member's metadata for the leader, its allocation being what it held when
+        Prepare was answered (what the leader's SyncGroup is read against)."""
         group = self.core.store.groups[group_id]
-        member = group.members.get(prepared.member_id)
-        held = member.current.held if member is not None else NO_UNITS
+        shown = group.prepared.held if group.prepared is not None else {}
+        held = shown.get(prepared.member_id, NO_UNITS)
         data = prepared.assignor.metadata
         try:
             metadata = decode_worker_metadata(data)
@@ -433,15 +431,20 @@ class ClassicBridge:
     def _install(self, group: Any, request: SyncRequest, group_epoch: int,
                  now_ms: int) -> Result[str | None]:
         """The chosen worker's assignment as an Install; `response` is None when it took,
-        else the reason it did not."""
+        else the reason it did not.
+
+        Connect's leader revokes and grants relative to the allocations its JoinGroup
+        answer showed it, so each part is read against those, not against what members
+        hold now: a unit granted to a member since (it synced in between) and handed by
+        the leader to another is that other's target, which the holder releases first."""
         parts = []
         error = 0
+        shown = group.prepared.held if group.prepared is not None else {}
         try:
             for member_id, blob in request.assignments:
                 assignment = decode_assignment(blob)
                 error = max(error, assignment.error)
-                member = group.members.get(member_id)
-                holds = member.current.held if member is not None else NO_UNITS
+                holds = shown.get(member_id, NO_UNITS)
                 units = assignment.assigned if assignment.version == EAGER_VERSION \
                     else (holds - assignment.revoked) | assignment.assigned
                 parts.append(MemberAssignment(member_id=member_id, assigned=units_to_wire(units),
@@ -474,7 +477,11 @@ class ClassicBridge:
                 self._leaders.clear()
             self._leaders[group_id] = memo
         _group, _version, best, highest = memo
+        # The worker asked to assign, else (none asked yet since a restart) the one
+        # that computed the current target: the leader a worker was last told stays.
         chosen = group.chosen_member
+        if chosen is None:
+            chosen = computed_by(group)
         member = group.members.get(chosen) if chosen is not None else None
         if member is not None and member.metadata is not None:
             return chosen or "", member.metadata.worker_url, highest
