@@ -242,7 +242,7 @@ class _CoreCollector(Collector):
             epoch.add_metric([group_id], group.epoch)
             assignment_epoch.add_metric([group_id], group.assignment_epoch)
             member_count.add_metric([group_id], len(group.members))
-            units.add_metric([group_id], group.unit_count)  # (without building the set)
+            units.add_metric([group_id], group.known_unit_count())
             unassigned_units.add_metric([group_id], unassigned.get(group_id, 0))
         yield from families
         yield GaugeMetricFamily(

@@ -1269,7 +1269,7 @@ class GroupCoordinator:
             assignor=assignor,
             error=error,
             assigned=assigned,
-            unassigned=group.unit_count - assigned,
+            unassigned=group.known_unit_count() - assigned,
         )
 
     # ------------------------------------------------------------------ client-side flow

@@ -270,6 +270,13 @@ class Group:
         """len(units), without building them: each connector plus its tasks."""
         return len(self.connectors) + sum(self.connectors.values())
 
+    def known_unit_count(self) -> int:
+        """len(known_units()): in O(connectors) when the admin API set them, else in
+        O(what the installs and members name)."""
+        if self.connectors_value is not None:
+            return self.unit_count
+        return len(self.known_units())
+
     @property
     def state(self) -> str:
         """EMPTY / ASSIGNING / RECONCILING / STABLE, in O(1)."""

@@ -29,6 +29,7 @@ from __future__ import annotations
 import gc
 import heapq
 import math
+import signal
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -265,13 +266,38 @@ POOL_COLLECTION_EVERY = 256
 _pool_runs = 0
 
 
+# A pool process sleeps COURTESY_PAUSE_S every COURTESY_EVERY_S of a run (BENCHMARKS.md,
+# "Courtesy pauses"). On two CPUs a run that computes without a break keeps its CPU busy,
+# and heartbeats woken meanwhile (the clients' and the event loop's) queue behind each other
+# on the other CPU: a CPU that never goes idle does not pull them over. A pause lets it go
+# idle, and an idle CPU pulls a waiting task at once. Neither a lower priority nor another
+# scheduling class for the pool does that. The price: a run takes about 40% longer.
+COURTESY_EVERY_S = 0.0005
+COURTESY_PAUSE_S = 0.00005
+_courtesy_pauses = False  # set by `init_pool_process`: only a pool process pauses
+courtesy_pauses_taken = 0  # in this process (for tests)
+
+
+def _take_a_pause(_signum: int, _frame: object) -> None:
+    global courtesy_pauses_taken
+    courtesy_pauses_taken += 1
+    time.sleep(COURTESY_PAUSE_S)
+
+
 def run_in_pool(packed: PackedRun) -> CompactResult:
-    """What a pool process runs: the packed run."""
+    """What a pool process runs: the packed run, with courtesy pauses."""
     global _pool_runs
     _pool_runs += 1
     if _pool_runs % POOL_COLLECTION_EVERY == 0:
         gc.collect()
-    return run_packed(packed)
+    if not _courtesy_pauses:
+        return run_packed(packed)
+    signal.setitimer(signal.ITIMER_REAL, COURTESY_EVERY_S, COURTESY_EVERY_S)
+    try:
+        return run_packed(packed)
+    finally:
+        # An alarm already on its way still finds the handler: one more short pause.
+        signal.setitimer(signal.ITIMER_REAL, 0)
 
 
 async def _pack(packer: SpecPacker, assignor: ServerAssignor, run: AssignorRun,
@@ -285,8 +311,12 @@ async def _pack(packer: SpecPacker, assignor: ServerAssignor, run: AssignorRun,
 
 
 def init_pool_process() -> bool:
-    """Run in each assignor worker process as it starts (trio-parallel's `init`)."""
+    """Run in each assignor worker process as it starts (trio-parallel's `init`): no cyclic
+    collector, and courtesy pauses (`run_in_pool`) from a SIGALRM handler of its own."""
+    global _courtesy_pauses
     gc.disable()
+    signal.signal(signal.SIGALRM, _take_a_pause)
+    _courtesy_pauses = True
     return True
 
 

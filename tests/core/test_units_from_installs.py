@@ -72,3 +72,24 @@ def test_a_new_protocol_install_may_name_units_the_coordinator_did_not_know() ->
     assert refused.error_code == ErrorCode.INVALID_ASSIGNMENT
     assert "does not run" in refused.error_message
     assert ctx.core.store.groups["g"].units_source == "admin"
+
+
+def test_an_install_tells_what_it_left_unassigned_of_the_units_the_group_runs() -> None:
+    ctx = Context()
+    ctx.join("g", "w1")
+    ctx.join("g", "w2")
+    epoch = ctx.prepare("g", "w1", 1).group_epoch
+    ctx.install("g", "w1", 1, epoch, {"w1": units("X", "X-0"), "w2": units("X-1")})
+    installed = [e for e in ctx.last.events if e.name == "target_installed"]
+    assert [(e.fields["assigned"], e.fields["unassigned"]) for e in installed] == [(3, 0)]
+    group = ctx.core.store.groups["g"]
+    answer = ctx.heartbeat("g", "w2", group.members["w2"].current.epoch)
+    ctx.heartbeat("g", "w2", answer.member_epoch, owned=units("X-1"))
+    assert group.members["w2"].current.assigned == units("X-1")
+    # The next install leaves X-1 out on purpose: the group still runs it (w2 holds it
+    # until told to release it), and it is in no target.
+    ctx.join("g", "w3")
+    w1_epoch = group.members["w1"].current.epoch
+    ctx.compute_and_install("g", "w1", w1_epoch, lambda prepared: {"w1": units("X", "X-0")})
+    installed = [e for e in ctx.last.events if e.name == "target_installed"]
+    assert [(e.fields["assigned"], e.fields["unassigned"]) for e in installed] == [(2, 1)]

@@ -47,11 +47,12 @@ async def heartbeat(client: KafkaClient, member: str, epoch: int,
 
 
 async def compute(client: KafkaClient, member: str, epoch: int,
-                  assignment: dict[str, frozenset[tuple[str, int]]]) -> int:
+                  assignment: dict[str, frozenset[tuple[str, int]]],
+                  known: frozenset[tuple[str, int]] = ALL) -> int:
     prepared = await client.request(PREPARE, ConnectGroupPrepareAssignmentRequest(
         group_id=G, member_id=member, member_epoch=epoch))
     assert prepared.error_code == ErrorCode.NONE, prepared.error_message
-    assert wire_units(prepared.connectors_and_tasks) == ALL
+    assert wire_units(prepared.connectors_and_tasks) == known
     installed = await client.request(INSTALL, ConnectGroupInstallAssignmentRequest(
         group_id=G, member_id=member, member_epoch=epoch, group_epoch=prepared.group_epoch,
         error=0, members=tuple(MemberAssignment(member_id=m, assigned=units_to_wire(u),

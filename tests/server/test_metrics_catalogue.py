@@ -317,6 +317,16 @@ async def test_unassigned_units_left_out_by_a_client_assignor(server: ServerHand
     assert scraped.value(P + "group_units", group=G) == len(ALL)
 
 
+async def test_a_group_that_takes_its_units_from_installs_counts_them(
+        server: ServerHandle, client: KafkaClient) -> None:
+    # No connectors set through the admin API: the group runs what the install names.
+    assert (await ica_join(client, "W1")).error_code == ErrorCode.COMPUTE_ASSIGNMENT
+    await compute(client, "W1", 1, {"W1": units("X", "X-0", "X-1")}, known=frozenset())
+    scraped = await scrape(server)
+    assert scraped.value(P + "group_units", group=G) == 3
+    assert scraped.value(P + "group_unassigned_units", group=G) == 0
+
+
 async def test_unassigned_units_follow_every_change_between_scrapes(
         nursery: trio.Nursery) -> None:
     # A scrape counts a group's unassigned units again only when its connectors or target

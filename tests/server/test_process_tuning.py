@@ -1,5 +1,6 @@
 """What `serve` sets for its own processes: the collector paused while the log loads and
-the loaded state frozen; assignor worker processes without the cyclic collector."""
+the loaded state frozen; assignor worker processes without the cyclic collector and with
+courtesy pauses while a run computes."""
 
 from __future__ import annotations
 
@@ -33,6 +34,56 @@ async def test_assignor_worker_processes_run_without_the_collector(
     async with trio_parallel.open_worker_context(init=init_pool_process) as context:
         collecting = await context.run_sync(gc.isenabled)
     assert not collecting
+
+def _pauses_taken() -> int:
+    from coordinator.server import runtime
+    return runtime.courtesy_pauses_taken
+
+
+def _a_long_packed_run() -> object:
+    """A balanced run of 200 members over 40,000 tasks, none assigned yet: tens of
+    milliseconds of computing, so many times the courtesy interval."""
+    from coordinator.assignors.api import AssignmentSpec, MemberSpec
+    from coordinator.assignors.balanced import BalancedAssignor
+    from coordinator.assignors.transport import SpecPacker
+
+    members = {f"w{i}": MemberSpec(f"w{i}", None, f"http://w{i}:8083", frozenset())
+               for i in range(200)}
+    spec = AssignmentSpec(group_id="g", members=members,
+                          connectors={f"c{i}": 400 for i in range(100)},
+                          previous_target={}, previous_state=b"", now_ms=1_000)
+    return SpecPacker().pack(BalancedAssignor(), spec, whole=True)
+
+
+async def test_assignor_worker_processes_pause_while_a_run_computes() -> None:
+    import trio_parallel
+
+    from coordinator.server.runtime import init_pool_process, run_in_pool
+
+    packed = _a_long_packed_run()
+    async with trio_parallel.open_worker_context(init=init_pool_process) as context:
+        assert await context.run_sync(_pauses_taken) == 0
+        started = trio.current_time()
+        result = await context.run_sync(run_in_pool, packed)
+        computed_ms = (trio.current_time() - started) * 1000
+        pauses = await context.run_sync(_pauses_taken)
+    assert result.assigned == 40_100  # the tasks and the connectors
+    # One pause per half millisecond of the run, give or take the ones a busy machine drops.
+    assert 0 < pauses <= computed_ms / 0.5 + 1
+
+
+def test_a_run_outside_a_pool_process_takes_no_pause() -> None:
+    import signal
+
+    from coordinator.server import runtime
+
+    handler = signal.getsignal(signal.SIGALRM)
+    before = runtime.courtesy_pauses_taken
+    runtime.run_in_pool(_a_long_packed_run())  # type: ignore[arg-type]
+    assert runtime.courtesy_pauses_taken == before
+    assert signal.getsignal(signal.SIGALRM) is handler
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+
 
 def test_a_pool_process_collects_cycles_every_so_many_runs(
         monkeypatch: pytest.MonkeyPatch) -> None:
