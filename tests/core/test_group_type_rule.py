@@ -149,6 +149,22 @@ def test_a_classic_group_with_settings_is_not_kept_from_downgrading() -> None:
     assert ctx.core.group_config("g")[SESSION] == 20_000
 
 
+def test_a_server_that_puts_classic_workers_on_the_engine_does_not_downgrade() -> None:
+    # group.connect.classic.group.type=connect: classic workers belong on the connect
+    # engine, whether the group is empty or its last new-protocol member just left.
+    ctx = ClassicContext(classic_group_type="connect", assignment_interval_ms=0)
+    workers: list[Any] = [ClassicWorker(ctx, f"w{i}") for i in (1, 2)]
+    newcomer = NewWorker(ctx, "n1")
+    run(ctx, [*workers, newcomer])
+    assert group_type(ctx) == "connect"
+    newcomer.leave()
+    assert group_type(ctx) == "connect"
+    run(ctx, workers)  # the bridged workers carry on, and take the newcomer's units
+    assert group_type(ctx) == "connect"
+    assert all(("g", w.member_id) in ctx.engine.store.bridged for w in workers)
+    replays_the_same(ctx)
+
+
 # ---------------------------------------------------------------- empty classic groups
 
 def _restart_on_a_connect_server(ctx: ClassicContext) -> None:

@@ -18,7 +18,8 @@ scheduling rule (`GroupCoordinator.reschedule`) derives the old group's timers a
   holds (as its last assignment of that generation) and a classic rebalance starts, so
   the workers' own leader assigns from what they report holding. A group with connectors
   set through the admin API (a classic group could not run them), or set to `connect`
-  through it, is not downgraded. Its other settings are not the classic group's business:
+  through it, or on a server whose `group.connect.classic.group.type` is `connect` with
+  no type of its own, is not downgraded. Its other settings are not the classic group's business:
   they stay in their own record for when the group is a connect group again.
 - An empty group takes the type of its next joiner; for a classic joiner, the type set
   for the group through the admin API, else the server's `group.connect.classic.group.type`
@@ -238,11 +239,12 @@ def _url_and_offset(protocols: Iterable[tuple[str, bytes]], name: str | None
 
 def should_downgrade(core: GroupCoordinator, group: Group) -> bool:
     """Whether the group is to become classic now: only bridged (classic) members remain,
-    the policy allows it, its units come from its installs (a classic group has no
-    connectors of its own) and it was not set to `connect` through the admin API (its
-    other settings stay with the classic group, for when it is a connect group again)."""
-    if (not group.members or group.units_source != "installs"
-            or core.store.type_override(group.group_id) == "connect"):
+    the policy allows it, and the type it takes for classic joiners is `classic`
+    (`classic_joiner_type`: not with connectors set through the admin API, which a
+    classic group could not run, nor when the group or, failing that, the server puts
+    classic workers on the connect engine). Its other settings stay with the classic
+    group, for when it is a connect group again."""
+    if not group.members or core.classic_joiner_type(group.group_id) == "connect":
         return False
     bridged = core.store.classic.bridged
     if any((group.group_id, member_id) not in bridged for member_id in group.members):
