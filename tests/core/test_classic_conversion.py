@@ -500,3 +500,26 @@ def test_units_a_member_drops_by_rejoining_while_revoking_are_reassigned() -> No
     workers: list[Any] = [first, classic]
     run(ctx, workers, rounds=60)
     assert frozenset().union(*(w.held for w in workers)) == UNITS
+
+
+@pytest.mark.parametrize("restart", [False, True])
+def test_after_an_upgrade_the_classic_leader_assigns_first(restart: bool) -> None:
+    # Connect's assignor keeps its view of the previous assignment (the departed workers'
+    # units it holds back) only in the worker that made it: the classic group's leader.
+    ctx = ClassicContext(assignment_interval_ms=0)
+    workers = [ClassicWorker(ctx, name) for name in ("z", "y")]
+    run(ctx, workers)
+    leader = ctx.group().meta.leader
+    assert leader is not None and leader.startswith("z")
+    newcomer = NewWorker(ctx, "n1")  # the lowest member id: first in line otherwise
+    response = ctx.apply(ctx.core.heartbeat(newcomer._request(0), ctx.now))
+    assert response.error_code == E.NONE, response.error_message  # not asked to assign
+    newcomer.epoch = response.member_epoch
+    if restart:
+        ctx.restart()
+    group = ctx.core.store.groups["g"]
+    for worker in [*workers, newcomer]:
+        worker.step()
+    assert group.chosen_member == leader
+    run(ctx, [*workers, newcomer])
+    assert frozenset().union(*(w.held for w in [*workers, newcomer])) == UNITS

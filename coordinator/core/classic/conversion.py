@@ -203,16 +203,25 @@ def upgrade(core: GroupCoordinator, classic: ClassicGroup, joiner: Any, change: 
     core._create_group(group_id, change)
     change.write(group_metadata_record(group_id, epoch))
     change.write(target_metadata_record(group_id, epoch, 0, assignor, now_ms, b""))
+    # Each target part names the classic leader as the worker that computed it, as an
+    # install's parts do (`computed_by`): Connect's assignor keeps its view of the previous
+    # assignment only in the worker that made it, so that worker assigns first.
+    leader_url = ""
+    if meta.leader in active:
+        leader_protocols = tuple((p.name, p.metadata) for p in active[meta.leader].protocols)
+        leader_url = _url_and_offset(leader_protocols, meta.protocol_name)[0]
     for member_id, member in active.items():
         units = held[member_id]
         protocols = tuple((p.name, p.metadata) for p in member.protocols)
         _url, offset = _url_and_offset(protocols, meta.protocol_name)
+        named = b"" if meta.leader not in active else encode_assignment(ConnectAssignment(
+            version, leader=meta.leader, leader_url=leader_url, config_offset=offset))
         change.write(member_metadata_record(group_id, member_id, metadata[member_id]))
         change.write(current_assignment_record(group_id, member_id, CurrentAssignment(
             epoch=epoch, previous_epoch=epoch - 1, state=MemberState.STABLE, assigned=units,
             version=version)))
         change.write(target_member_record(group_id, member_id,
-                                          TargetPart(units, version, b"")))
+                                          TargetPart(units, version, named)))
         change.write(bridge_record(group_id, member_id, ClassicBridgeMemberValue(
             protocol_name=meta.protocol_name or "default",
             session_timeout_ms=member.session_timeout_ms, config_offset=offset,
