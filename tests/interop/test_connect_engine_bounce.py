@@ -44,10 +44,13 @@ def _follower_bounce(kafka_broker: Broker, tmp_path: Path, processes: list[Any],
     coordinator = start_coordinator(tmp_path / "coordinator", kafka_broker.bootstrap,
                                     "owned-.*", extra=extra, data_dir=data_dir)
     processes.append(coordinator)
-    group = "owned-engine-bounce"
+    # A group (and so internal topics and connectors) of each test's own on the shared
+    # broker: Connect answers 409 to a connector its config topic already holds.
+    name = "engine-bounce-restart" if restart_coordinator else "engine-bounce"
+    group = f"owned-{name}"
     workers = start_workers(tmp_path, 3, coordinator.bootstrap, group, processes, overrides={
         "scheduled.rebalance.max.delay.ms": SCHEDULED_DELAY_MS})
-    create_connectors(workers[0], "engine-bounce")
+    create_connectors(workers[0], name)
     for name, count in TASKS.items():
         wait_for(lambda name=name, count=count: all_running(workers[0], name, count), 120,
                  f"every task of {name} RUNNING")
