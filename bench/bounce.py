@@ -18,6 +18,12 @@ stopped and started there between the SIGTERM and a few seconds after that momen
 Prints each bounce, the medians side by side and the ratio of the connect side's time to
 the direct side's.
 
+Each bounce first waits a random part of the workers' heartbeat interval (seeded, the same
+series on every side). Connect's leader hears of a departure at its next heartbeat and
+starts its scheduled delay then, so where that heartbeat falls after the leave is part of
+every bounce's time; without the wait, the bench's own fixed schedule would set it, the
+same way bounce after bounce, and differently on each side.
+
 The workers are configured as Apache Kafka's own Connect system tests configure theirs
 (scheduled.rebalance.max.delay.ms=60000, session.timeout.ms=10000,
 offset.flush.interval.ms=5000) unless told otherwise. Needs a checkout (the jars' pom),
@@ -28,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import random
 import re
 import statistics
 import sys
@@ -198,7 +205,8 @@ def create_connectors(worker: Worker, topic: str) -> None:
 
 
 def run_side(root: Path, side: str, broker_bootstrap: str, bounces: int, which: str,
-             overrides: dict[str, object], settle_s: float, timeout_s: float) -> list[Bounce]:
+             overrides: dict[str, object], settle_s: float, timeout_s: float,
+             waits_s: list[float] | None = None) -> list[Bounce]:
     started: list[Any] = []
     workers: list[Worker] = []
     coordinator: Coordinator | None = None
@@ -223,6 +231,8 @@ def run_side(root: Path, side: str, broker_bootstrap: str, bounces: int, which: 
         time.sleep(settle_s)
         results = []
         for number in range(bounces):
+            if waits_s:
+                time.sleep(waits_s[number % len(waits_s)])
             index = pick(workers, number, which)
             leader = connect_leader(workers)
             result = bounce(workers, index, settle_s, timeout_s)
@@ -267,6 +277,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--settle", type=float, default=5.0,
                         help="seconds after all RUNNING in which stops and starts still count")
     parser.add_argument("--timeout", type=float, default=180.0)
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seed of the random wait (up to one heartbeat interval, the "
+                             "same series on every side) before each bounce")
     parser.add_argument("--work-dir", type=Path, default=None,
                         help="keep the processes' folders (logs) here instead of a "
                              "temporary folder")
@@ -287,6 +300,9 @@ def main(argv: list[str] | None = None) -> int:
           f"{TASKS['sink']}; {args.bounces} clean bounces per side (the worker bounced: "
           f"{args.bounce}); workers: "
           + ", ".join(f"{key}={value}" for key, value in overrides.items()), flush=True)
+    heartbeat_s = int(str(overrides.get("heartbeat.interval.ms", 3_000))) / 1000
+    chance = random.Random(args.seed)
+    waits_s = [chance.uniform(0, heartbeat_s) for _ in range(args.bounces)]
     results: dict[str, list[Bounce]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-bounce-") as scratch:
         root = args.work_dir.resolve() if args.work_dir is not None else Path(scratch)
@@ -294,7 +310,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             for side in sides:
                 results[side] = run_side(root / side, side, broker.bootstrap, args.bounces,
-                                         args.bounce, overrides, args.settle, args.timeout)
+                                         args.bounce, overrides, args.settle, args.timeout,
+                                         waits_s)
         finally:
             broker.stop()
     print("median       all RUNNING   stopped elsewhere   started elsewhere")
