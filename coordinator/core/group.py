@@ -326,20 +326,18 @@ def computed_by(group: Group) -> str | None:
     itself. None for a target whose parts say no such thing (a server-side run's, say),
     or whose leader is no longer a member. Derived from replayed state only, so a restart
     or a rolled-back write gives the same answer as before."""
-    for part in group.target.values():
-        if not part.metadata:
-            continue
-        try:
-            leader = assignment_leader(part.metadata)
-            own = group.target.get(leader)
-            # (every part comes from one install, so the first readable one decides)
-            if leader in group.members and own is not None and own.metadata \
-                    and assignment_leader(own.metadata) == leader:
-                return leader
-        except ConnectProtocolError:
-            pass
+    # Every part comes from one install, so the first that carries metadata decides.
+    first = next((part for part in group.target.values() if part.metadata), None)
+    if first is None:
         return None
-    return None
+    try:
+        leader = assignment_leader(first.metadata)
+        own = group.target.get(leader)
+        named_by_itself = own is not None and bool(own.metadata) \
+            and assignment_leader(own.metadata) == leader
+    except ConnectProtocolError:
+        return None
+    return leader if named_by_itself and leader in group.members else None
 
 
 @dataclass(frozen=True, slots=True)

@@ -271,7 +271,7 @@ _pool_runs = 0
 # and heartbeats woken meanwhile (the clients' and the event loop's) queue behind each other
 # on the other CPU: a CPU that never goes idle does not pull them over. A pause lets it go
 # idle, and an idle CPU pulls a waiting task at once. Neither a lower priority nor another
-# scheduling class for the pool does that. The price: a run takes about 40% longer.
+# scheduling class for the pool does that. The price: a run's flight about a third longer.
 COURTESY_EVERY_S = 0.0005
 COURTESY_PAUSE_S = 0.00005
 _courtesy_pauses = False  # set by `init_pool_process`: only a pool process pauses

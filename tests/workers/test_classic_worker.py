@@ -83,6 +83,15 @@ async def test_classic_workers_in_a_classic_group() -> None:
     assert registry.overlaps() == []
 
 
+def new_protocol_worker(port: int, registry: UnitRegistry) -> Worker:
+    return Worker(WorkerConfig(group_id=G, worker_url="http://n1:8083",
+                               rebalance_timeout_ms=3_000, session_timeout_ms=2_000,
+                               retry_backoff_ms=20, retry_backoff_max_ms=200),
+                  registry, address=("127.0.0.1", port),
+                  assignors=[IncrementalCooperativeAssignor(300)],
+                  request_timeout_ms=2_000, name="n1")
+
+
 async def test_classic_and_new_protocol_workers_share_a_connect_group() -> None:
     registry = UnitRegistry()
     async with trio.open_nursery() as nursery:
@@ -90,12 +99,7 @@ async def test_classic_and_new_protocol_workers_share_a_connect_group() -> None:
                                                    ("127.0.0.1", 0))
         for name, tasks in CONNECTORS.items():
             await server.runtime.put_connector(G, name, tasks)
-        new = Worker(WorkerConfig(group_id=G, worker_url="http://n1:8083",
-                                  rebalance_timeout_ms=3_000, session_timeout_ms=2_000,
-                                  retry_backoff_ms=20, retry_backoff_max_ms=200),
-                     registry, address=("127.0.0.1", server.kafka_port),
-                     assignors=[IncrementalCooperativeAssignor(300)],
-                     request_timeout_ms=2_000, name="n1")
+        new = new_protocol_worker(server.kafka_port, registry)
         await nursery.start(new.run)
         workers: list[object] = [new]
         for name in ("c1", "c2"):
@@ -129,12 +133,7 @@ async def test_classic_workers_get_a_classic_group_once_new_protocol_workers_lef
         server: ServerHandle = await nursery.start(run_server, CONFIG, ("127.0.0.1", 0),
                                                    ("127.0.0.1", 0))
         core = server.runtime.core
-        new = Worker(WorkerConfig(group_id=G, worker_url="http://n1:8083",
-                                  rebalance_timeout_ms=3_000, session_timeout_ms=2_000,
-                                  retry_backoff_ms=20, retry_backoff_max_ms=200),
-                     registry, address=("127.0.0.1", server.kafka_port),
-                     assignors=[IncrementalCooperativeAssignor(300)],
-                     request_timeout_ms=2_000, name="n1")
+        new = new_protocol_worker(server.kafka_port, registry)
         await nursery.start(new.run)
         await until(lambda: G in core.store.groups and bool(core.store.groups[G].members))
         new.shutdown()

@@ -183,8 +183,10 @@ class ClassicBridge:
         # memo: every SyncGroup answer names the highest one of the group, and decoding
         # every member's metadata for it made a SyncGroup in a group of 1,000 cost ~20 ms.
         self._config_offsets: dict[bytes, int] = {}
-        # Per group: (the group, its metadata version, `_highest_offsets`).
-        self._leaders: dict[str, tuple[Any, int, tuple[int, str, str] | None, int]] = {}
+        # Per group: (the group, its metadata and target versions, `_highest_offsets`,
+        # `computed_by`).
+        self._leaders: dict[str, tuple[Any, tuple[int, int], tuple[int, str, str] | None,
+                                       int, str | None]] = {}
 
     def _config_offset(self, metadata: bytes) -> int:
         """The config offset in Connect worker metadata (ConnectProtocolError if bad)."""
@@ -468,20 +470,23 @@ class ClassicBridge:
         """(leader, its url, the highest config offset): the worker that ran the last
         client-side assignment, else the member with the highest config offset."""
         group = self.core.store.groups[group_id]
+        versions = (group.metadata_changes, group.target_changes)
         memo = self._leaders.get(group_id)
-        if memo is None or memo[0] is not group or memo[1] != group.metadata_changes:
-            # Members' metadata changed since: every SyncGroup asks, and going over a
-            # group of 1,000 each time cost milliseconds (memo by group and version).
-            memo = (group, group.metadata_changes, *self._highest_offsets(group))
+        if memo is None or memo[0] is not group or memo[1] != versions:
+            # Every SyncGroup asks, and going over a group of 1,000 each time cost
+            # milliseconds (memo by group and versions; the offsets only by metadata).
+            offsets = memo[2:4] if memo is not None and memo[0] is group \
+                and memo[1][0] == versions[0] else self._highest_offsets(group)
+            memo = (group, versions, *offsets, computed_by(group))
             if len(self._leaders) >= TOLD_MEMO_ENTRIES:
                 self._leaders.clear()
             self._leaders[group_id] = memo
-        _group, _version, best, highest = memo
+        _group, _versions, best, highest, assigner = memo
         # The worker asked to assign, else (none asked yet since a restart) the one
         # that computed the current target: the leader a worker was last told stays.
         chosen = group.chosen_member
         if chosen is None:
-            chosen = computed_by(group)
+            chosen = assigner
         member = group.members.get(chosen) if chosen is not None else None
         if member is not None and member.metadata is not None:
             return chosen or "", member.metadata.worker_url, highest
