@@ -5,15 +5,18 @@ logs (and from the run records of any simulated workers in the same group)."""
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 from typing import Any
 
 from coordinator.realkafka import (
+    LOG_LINE,
     Coordinator,
     TaskRuns,
     Worker,
     all_running,
+    log_time,
     overlapping_runs,
     task_intervals,
     verifiable_lines,
@@ -21,6 +24,9 @@ from coordinator.realkafka import (
 )
 
 MARKS = ("committed", "flushed")
+# The group client of a Connect worker (not its consumers) found its coordinator.
+REDISCOVERED = re.compile(r"^\[Worker clientId=connect-[^\]]*\] Discovered group coordinator ")
+HEARTBEATS = "connect_coordinator_proxy_owned_group_requests_total"
 
 
 def worker_id(url: str) -> str:
@@ -127,3 +133,30 @@ def describe_runs(runs: TaskRuns) -> dict[str, Any]:
     """Runs in a form for an assertion message."""
     return {task: [(round(start, 3), round(end, 3)) for start, end in spans]
             for task, spans in sorted(runs.items())}
+
+
+def wait_reconnected(coordinator: Coordinator, workers: list[Worker], since: float,
+                     timeout_s: float = 60.0) -> None:
+    """Every worker's group client found the coordinator again after `since` (a restart)
+    and heartbeats to it: two heartbeats per worker served since it started. A worker
+    stopped before that may close before its LeaveGroup is sent (Connect gives its close no
+    time to connect), and its old member then stays in the group until its session ends."""
+    def rediscovered(worker: Worker) -> bool:
+        for line in worker.process.log_text().splitlines():
+            match = LOG_LINE.match(line)
+            if match is not None and log_time(match.group(1)) >= since \
+                    and REDISCOVERED.match(match.group(2)):
+                return True
+        return False
+
+    def heartbeats() -> float:
+        wanted = f'{HEARTBEATS}{{api="Heartbeat"}} '
+        for line in coordinator.metrics().splitlines():
+            if line.startswith(wanted):
+                return float(line.rsplit(" ", 1)[1])
+        return 0.0
+
+    wait_for(lambda: all(rediscovered(worker) for worker in workers), timeout_s,
+             "every worker to find the restarted coordinator", interval_s=0.25)
+    wait_for(lambda: heartbeats() >= 2 * len(workers), timeout_s,
+             "heartbeats from every worker to the restarted coordinator", interval_s=0.25)

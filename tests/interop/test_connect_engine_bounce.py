@@ -8,6 +8,7 @@ killed and restarted on its data dir: it asks the same worker to assign."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ from coordinator.realkafka import (
     start_workers,
     wait_for,
 )
-from tests.interop.checks import assert_no_task_on_two_workers
+from tests.interop.checks import assert_no_task_on_two_workers, wait_reconnected
 
 # Short enough for a test; the bounced worker is back well before it ends.
 SCHEDULED_DELAY_MS = 15_000
@@ -60,11 +61,15 @@ def _follower_bounce(kafka_broker: Broker, tmp_path: Path, processes: list[Any],
         wait_for(lambda: coordinator.admin(f"/groups/{group}")["state"].upper() == "STABLE",
                  60, "a stable group before the restart")
         coordinator.process.kill()
+        killed = time.time()
         coordinator = start_coordinator(
             coordinator.process.folder, kafka_broker.bootstrap, "owned-.*", extra=extra,
             port=coordinator.port, admin_port=coordinator.admin_port, data_dir=data_dir)
         processes.append(coordinator)
         assert coordinator.admin(f"/groups/{group}")["type"] == "connect"
+        # Bounced before it heartbeats to the new process, a worker may close before its
+        # LeaveGroup is sent: its old member would then hold its tasks for a session.
+        wait_reconnected(coordinator, workers, killed)
     index = pick(workers, 0, "follower")
     leader = connect_leader(workers)
     assert leader is not None and leader != index
