@@ -1544,6 +1544,11 @@ class GroupCoordinator:
                 change.write(deadlines_record(group_id, None, group.expire_at_ms))
                 self._bump(group, change, trigger=TRIGGER_DELAYED_REBALANCE)
             self._maybe_new_target(group, change, now_ms)
+        if group_id in self.store.groups:  # a successor chosen while its SyncGroup waits
+            released = self.classic.bridge.release_chosen(group)
+            if released is not None:
+                change.timers.extend(released.timers)
+                change.releases.extend(released.releases)
         self._maybe_downgrade(change, now_ms)
         return change.result(None)
 

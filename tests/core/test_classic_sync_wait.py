@@ -174,3 +174,56 @@ def test_a_member_that_must_release_units_is_told_at_once_while_a_round_is_pendi
     assert group.members[follower.member_id].current.state is MemberState.UNREVOKED
     assert not follower.waiting
     assert follower.held < held  # told to release at once
+
+
+def test_a_member_with_units_to_start_is_told_at_once_while_a_round_is_pending() -> None:
+    """The successor's install gives the follower units; a new worker joins before the
+    follower heard of them, so another round is pending when it rejoins: its SyncGroup
+    does not wait for that round, it starts its units now."""
+    ctx = ClassicContext(classic_group_type="connect", assignment_interval_ms=0)
+    workers = settled(ctx)
+    leader, successor, follower = leader_leaves(ctx, workers)
+    held = follower.held
+    successor.step()  # assigns, the departed worker's units to both
+    group = ctx.core.store.groups["g"]
+    assert group.epoch == group.assignment_epoch
+    assert group.target[follower.member_id].units > held
+    ctx.new_member(protocols=(("sessioned", ClassicWorker(ctx, "w4").metadata()),),
+                   client_id="w4")
+    assert group.epoch > group.assignment_epoch
+    follower.step()
+    assert not follower.waiting
+    assert follower.held == group.target[follower.member_id].units > held
+    no_double_holding([follower, successor], {})
+    del leader
+
+
+def test_a_waiting_member_chosen_when_the_leader_leaves_is_told_to_rejoin_at_once(
+) -> None:
+    """Every follower waits at its SyncGroup for the leader's assignment; the leader
+    leaves instead. The successor's SyncGroup is answered REBALANCE_IN_PROGRESS by the
+    leave itself, so it rejoins and assigns without waiting for its wait to run out."""
+    ctx = ClassicContext(classic_group_type="connect", assignment_interval_ms=0)
+    workers = settled(ctx)
+    group = ctx.core.store.groups["g"]
+    leader = next(w for w in workers if w.member_id == group.chosen_member)
+    followers = [w for w in workers if w is not leader]
+    newcomer = ClassicWorker(ctx, "w4")
+    newcomer.step()  # a new round: the leader is asked to assign
+    for worker in followers:
+        worker.step()
+    assert all(w.waiting for w in [newcomer, *followers])
+    assert ctx.leave((leader.member_id, None)).error == E.NONE
+    successor = next(w for w in [newcomer, *followers] if w.member_id == group.chosen_member)
+    answer = ctx.take(SYNC, successor.member_id)
+    assert isinstance(answer, SyncAnswer) and answer.error == E.REBALANCE_IN_PROGRESS
+    successor.waiting = False
+    successor._synced(answer)  # (as its step would: it rejoins)
+    successor.step()  # rejoins, assigns: the others' SyncGroups are answered
+    others = [w for w in [newcomer, *followers] if w is not successor]
+    for worker in others:
+        worker.step()
+    assert not any(w.waiting for w in others)
+    survivors = [newcomer, *followers]
+    assert frozenset().union(*(w.held for w in survivors)) == UNITS  # no heartbeat passed
+    no_double_holding(survivors, {})

@@ -300,6 +300,8 @@ class ClassicBridge:
                 leader = member_id
                 members = tuple(self._leader_view(request.group_id, m)
                                 for m in prepared.response.members)
+        if group is not None:
+            results.extend(self._release_stale(group, now_ms))
         return _merge(results, JoinAnswer(ErrorCode.NONE, member_id, epoch, PROTOCOL_TYPE,
                                           protocol, leader, members))
 
@@ -426,14 +428,22 @@ class ClassicBridge:
         leader's SyncGroup: answered now, it would be told what it runs, and its part of
         the new assignment only at its next heartbeat after the install. Only a bridged
         chosen worker's install answers it (`sync`); the wait is at most half the member's
-        session, since its heartbeats wait behind the SyncGroup on its connection, and a
-        member that must release units does not wait."""
-        if group.chosen_member == member_id or not self._install_awaited(group):
+        session, since its heartbeats wait behind the SyncGroup on its connection. A member
+        the current target gives units to release or to start does not wait."""
+        if not self._may_wait(group, member_id):
             return 0
-        member = group.members.get(member_id)
-        if member is None or member.current.state is MemberState.UNREVOKED:
-            return 0  # what it must release it is told at once, not after a wait
+        if group.members[member_id].current.assigned != self._told(bridged.allocation):
+            return 0  # units to start (what it runs is its JoinGroup's allocation): now
         return min(self.core.config.classic_sync_wait_ms, bridged.session_timeout_ms // 2)
+
+    def _may_wait(self, group: Any, member_id: str) -> bool:
+        """Whether another worker computes the next assignment and this member has
+        nothing to release meanwhile (a heartbeat then has it rejoin and wait)."""
+        if self.core.config.classic_sync_wait_ms <= 0 or group.chosen_member == member_id \
+                or not self._install_awaited(group):
+            return False
+        member = group.members.get(member_id)
+        return member is not None and member.current.state is not MemberState.UNREVOKED
 
     def _install_awaited(self, group: Any) -> bool:
         """Whether a bridged chosen worker is computing the group's next assignment."""
@@ -442,13 +452,31 @@ class ClassicBridge:
             and (group.group_id, chosen) in self.store.bridged
 
     def _release_stale(self, group: Any, now_ms: int) -> list[Result[Any]]:
-        """Answer the group's waiting SyncGroups when the assignment they wait for is no
-        longer coming (the round ended another way) or their member was chosen to
-        compute it (it must rejoin to do so)."""
-        waiting = self._parked.get(group.group_id)
-        if not waiting or (self._install_awaited(group) and group.chosen_member not in waiting):
-            return []
-        return self._release_parked(group.group_id, now_ms)
+        """Answer the group's waiting SyncGroups that wait in vain: the chosen worker's
+        (`release_chosen`), and all of them when the assignment is no longer coming (the
+        round ended another way)."""
+        results: list[Result[Any]] = []
+        chosen = self.release_chosen(group)
+        if chosen is not None:
+            results.append(chosen)
+        if self._parked.get(group.group_id) and not self._install_awaited(group):
+            results.extend(self._release_parked(group.group_id, now_ms))
+        return results
+
+    def release_chosen(self, group: Any) -> Result[None] | None:
+        """A member whose SyncGroup waits and that is now chosen to compute the assignment
+        (the previous one left) must rejoin to do so: its SyncGroup is answered
+        REBALANCE_IN_PROGRESS at once, as a broker answers one in a new round."""
+        group_id, chosen = group.group_id, group.chosen_member
+        waiting = self._parked.get(group_id)
+        if not waiting or chosen not in waiting:
+            return None
+        del waiting[chosen]
+        if not waiting:
+            del self._parked[group_id]
+        return Result(None, timers=[TimerCancel((SYNC_WAIT_TIMER, group_id, chosen))],
+                      releases=[((SYNC, group_id, chosen),
+                                 SyncAnswer(ErrorCode.REBALANCE_IN_PROGRESS))])
 
     def _release_parked(self, group_id: str, now_ms: int,
                         member_id: str | None = None) -> list[Result[Any]]:
@@ -675,7 +703,7 @@ class ClassicBridge:
             code == ErrorCode.COMPUTE_ASSIGNMENT
             or current.state is MemberState.UNREVOKED
             # Rejoin now, its SyncGroup then waiting for the assignment being computed.
-            or self._sync_wait_ms(group, member.member_id, bridged) > 0
+            or self._may_wait(group, member.member_id)
             or current.assigned != self._told(bridged.told)
             or ((current.epoch != bridged.told_epoch or current.epoch != request.generation)
                 and not (current.epoch == group.assignment_epoch
@@ -719,5 +747,8 @@ class ClassicBridge:
                                       undo=[self.store.current_record(record.key)]))
                 self.store.replay(record)
             answers.append((member_id, instance_id, int(left.response.error_code)))
+        group = self.core.store.groups.get(request.group_id)
+        if group is not None:  # (a chosen worker that left has a successor)
+            results.extend(self._release_stale(group, now_ms))
         top = answers[0][2] if len(answers) == 1 else ErrorCode.NONE
         return _merge(results, LeaveAnswer(top, tuple(answers)))
