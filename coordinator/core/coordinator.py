@@ -25,7 +25,7 @@ from coordinator.assignors.api import (
 from coordinator.config import ConfigError, GroupConfig, ServerConfig, parse_group_config
 from coordinator.core import describe as describing
 from coordinator.core.classic import conversion
-from coordinator.core.classic.bridge import ClassicBridge
+from coordinator.core.classic.bridge import SYNC_WAIT_TIMER, ClassicBridge
 from coordinator.core.classic.engine import CLASSIC_TIMERS, ClassicEngine
 from coordinator.core.group import (
     AssignorInfo,
@@ -227,6 +227,8 @@ class GroupCoordinator:
         """
         for record in result.undo:
             self.store.replay(record)
+        if result.releases:
+            self.classic.bridge.restore_parked(result.releases)
 
     def timers_after_load(self, now_ms: int) -> list[TimerOp]:
         """After start-up replay: every group's timers, derived from its replayed state."""
@@ -268,6 +270,7 @@ class GroupCoordinator:
                                            max(now_ms, group.expire_at_ms)))
         # Classic groups by the same rule: their phase deadlines as recorded, fresh sessions.
         operations.extend(self.classic.timers(now_ms, group_ids))
+        operations.extend(self.classic.bridge.sync_wait_timers(group_ids, now_ms))
         return operations
 
     # ------------------------------------------------------------------ config
@@ -1496,6 +1499,10 @@ class GroupCoordinator:
         kind, group_id, member_id = key
         if kind in CLASSIC_TIMERS:
             return self.classic.on_timer(key, now_ms)
+        if kind == SYNC_WAIT_TIMER:
+            bridged: Result[None] = self.classic.bridge.on_sync_wait_timer(group_id, member_id,
+                                                                           now_ms)
+            return bridged
         change = _Change(self.store)
         group = self.store.groups.get(group_id)
         if group is None:
@@ -1537,6 +1544,11 @@ class GroupCoordinator:
                 change.write(deadlines_record(group_id, None, group.expire_at_ms))
                 self._bump(group, change, trigger=TRIGGER_DELAYED_REBALANCE)
             self._maybe_new_target(group, change, now_ms)
+        if group_id in self.store.groups:  # a successor chosen while its SyncGroup waits
+            released = self.classic.bridge.release_chosen(group)
+            if released is not None:
+                change.timers.extend(released.timers)
+                change.releases.extend(released.releases)
         self._maybe_downgrade(change, now_ms)
         return change.result(None)
 
@@ -1880,6 +1892,7 @@ class GroupCoordinator:
         change.write(deadlines_record(group_id, None, None))
         change.write(Record(group_metadata_record(group_id, 0).key, None))
         change.timers.append(TimerClearGroup(group_id))
+        change.releases.extend(self.classic.bridge.drop_parked(group_id))
 
     def _forget_settings(self, group_id: str, change: _Change) -> None:
         """The records that delete the settings and the type of a group that goes."""

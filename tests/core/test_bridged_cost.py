@@ -98,7 +98,8 @@ def test_sync_group_answers_do_not_decode_every_members_metadata(
     from coordinator.core.classic import bridge as bridge_module
     from coordinator.core.classic.engine import SyncAnswer, SyncRequest
 
-    ctx = ClassicContext(assignment_interval_ms=0)
+    # (answered at once, not waiting for an assignment: what is counted is an answer's cost)
+    ctx = ClassicContext(assignment_interval_ms=0, classic_sync_wait_ms=0)
     members = bridged_group(ctx)
     group = ctx.core.store.groups["g"]
     expected = ctx.engine.bridge._connect_leader("g")

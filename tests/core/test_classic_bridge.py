@@ -14,7 +14,7 @@ from coordinator.connect_protocol import (
     encode_assignment,
     encode_worker_metadata,
 )
-from coordinator.core.classic.engine import JoinAnswer, SyncAnswer
+from coordinator.core.classic.engine import SYNC, JoinAnswer, Parked, SyncAnswer
 from coordinator.units import Unit, units_of
 from protocol.errors import ErrorCode
 from tests.core.classic_context import ClassicContext
@@ -51,6 +51,7 @@ class ClassicWorker:
         self.generation = -1
         self.held: frozenset[Unit] = frozenset()
         self.rejoin = True
+        self.waiting = False  # its SyncGroup is parked: nothing else goes out meanwhile
 
     def metadata(self) -> bytes:
         return encode_worker_metadata(WorkerMetadata(
@@ -58,6 +59,13 @@ class ClassicWorker:
 
     def step(self) -> None:
         ctx = self.ctx
+        if self.waiting:
+            released = ctx.take(SYNC, self.member_id)
+            if released is None:
+                return
+            self.waiting = False
+            self._synced(released)
+            return
         if not self.rejoin:
             code = ctx.heartbeat(self.member_id, self.generation)
             if code == E.NONE:
@@ -89,6 +97,12 @@ class ClassicWorker:
             assignments = {m: encode_assignment(a)
                            for m, a in cooperative(owned, self.member_id).items()}
         synced = ctx.sync(self.member_id, self.generation, assignments=assignments)
+        if isinstance(synced, Parked):
+            self.waiting = True
+            return
+        self._synced(synced)
+
+    def _synced(self, synced: SyncAnswer) -> None:
         assert isinstance(synced, SyncAnswer)
         if synced.error != E.NONE:
             self.rejoin = True
@@ -325,11 +339,18 @@ class RememberingWorker(ClassicWorker):
     def step(self) -> None:
         while True:
             self._round()
-            if not self.rejoin:
+            if self.waiting or not self.rejoin:
                 return
 
     def _round(self) -> None:
         ctx = self.ctx
+        if self.waiting:
+            released = ctx.take(SYNC, self.member_id)
+            if released is None:
+                return
+            self.waiting = False
+            self._completed(released, self.generation)
+            return
         if not self.rejoin:
             code = ctx.heartbeat(self.member_id, self.generation)
             if code == E.NONE:
@@ -357,11 +378,17 @@ class RememberingWorker(ClassicWorker):
                            for m, a in cooperative(owned, self.member_id).items()}
         self.generation = answer.generation
         synced = ctx.sync(self.member_id, answer.generation, assignments=assignments)
+        if isinstance(synced, Parked):
+            self.waiting = True
+            return
+        self._completed(synced, answer.generation)
+
+    def _completed(self, synced: SyncAnswer, generation: int) -> None:
         assert isinstance(synced, SyncAnswer)
         if synced.error != E.NONE:
             self.rejoin = True
             return
-        self.completed = answer.generation
+        self.completed = generation
         told = decode_assignment(synced.assignment)
         self.held = (self.held - told.revoked) | told.assigned
         self.rejoin = bool(told.revoked)

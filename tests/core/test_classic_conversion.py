@@ -283,6 +283,31 @@ def test_last_new_protocol_leave_downgrades_and_a_restart_keeps_it() -> None:
     assert frozenset().union(*(w.held for w in workers)) == UNITS
 
 
+def test_a_sync_group_waiting_for_an_assignment_is_answered_when_the_group_downgrades(
+) -> None:
+    """A bridged worker's SyncGroup waits for the assignment a bridged worker computes;
+    the group becomes classic meanwhile (its last new-protocol member leaves): it is
+    answered REBALANCE_IN_PROGRESS, so the worker rejoins the classic group instead of
+    waiting while that group's join phase ends without it."""
+    ctx = ClassicContext(assignment_interval_ms=0)
+    workers = classic_group(ctx)
+    newcomer = NewWorker(ctx, "n1")
+    workers.append(newcomer)
+    run(ctx, workers)
+    group = ctx.core.store.groups["g"]
+    late_id = ctx.new_member(protocols=(("sessioned", ClassicWorker(ctx, "w4").metadata()),),
+                             client_id="w4")
+    joined = ctx.take(JOIN, late_id)
+    assert isinstance(joined, JoinAnswer) and joined.error == E.NONE
+    assert group.chosen_member is not None and ("g", group.chosen_member) in \
+        ctx.engine.store.bridged and group.chosen_member != late_id
+    assert isinstance(ctx.sync(late_id, joined.generation), Parked)
+    newcomer.leave()
+    assert "g" not in ctx.core.store.groups  # classic now
+    answer = ctx.take(SYNC, late_id)
+    assert isinstance(answer, SyncAnswer) and answer.error == E.REBALANCE_IN_PROGRESS
+
+
 @pytest.mark.parametrize("policy", ["downgrade", "disabled"])
 def test_the_policy_refuses_an_upgrade(policy: str) -> None:
     ctx = ClassicContext(assignment_interval_ms=0, connect_migration_policy=policy)

@@ -10,7 +10,7 @@ from coordinator.connect_protocol import (
     decode_worker_metadata,
     encode_assignment,
 )
-from coordinator.core.classic.engine import JoinAnswer, JoinRequest, SyncAnswer
+from coordinator.core.classic.engine import SYNC, JoinAnswer, JoinRequest, Parked, SyncAnswer
 from coordinator.units import Unit, units_of
 from protocol.errors import ErrorCode
 from tests.core.classic_context import ClassicContext
@@ -63,6 +63,12 @@ def shown(answer: JoinAnswer) -> dict[str, frozenset[Unit]]:
 def sync(ctx: ClassicContext, worker: ClassicWorker,
          assignments: dict[str, bytes] | None = None) -> SyncAnswer:
     synced = ctx.sync(worker.member_id, worker.generation, assignments=assignments)
+    if isinstance(synced, Parked):
+        # It waits for the assignment the leader computes, at most half its 10 s session:
+        # the leader has not sent it by then, so it is told what it may run now.
+        assert ctx.take(SYNC, worker.member_id) is None
+        ctx.advance(5_000)
+        synced = ctx.take(SYNC, worker.member_id)
     assert isinstance(synced, SyncAnswer)
     if synced.error == E.NONE:
         told = decode_assignment(synced.assignment)

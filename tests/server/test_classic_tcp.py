@@ -369,3 +369,66 @@ async def test_connect_group_describe_v1_finds_a_classic_group_and_v0_does_not(
     assert older.groups[0].error_code == E.GROUP_ID_NOT_FOUND
     assert not hasattr(older.groups[0], "group_type")
     await one.aclose()
+
+
+async def test_a_bridged_followers_sync_group_is_answered_by_the_leaders_install(
+        nursery: trio.Nursery) -> None:
+    """Over TCP, in a connect group of two classic workers: the follower's SyncGroup,
+    sent while the leader is asked to assign, is held until the leader's SyncGroup
+    installs, then answered with the follower's part of that assignment."""
+    from coordinator.connect_protocol import (
+        ConnectAssignment,
+        WorkerMetadata,
+        decode_assignment,
+        encode_assignment,
+        encode_worker_metadata,
+    )
+
+    config = ServerConfig(assignment_interval_ms=0, assignor_offload_enable=False,
+                          shutdown_timeout_ms=2_000, classic_group_type="connect",
+                          classic_min_session_timeout_ms=1_000)
+    handle: ServerHandle = await nursery.start(run_server, config, ("127.0.0.1", 0),
+                                               ("127.0.0.1", 0))
+
+    def metadata(name: str) -> tuple[tuple[str, bytes], ...]:
+        return (("sessioned", encode_worker_metadata(WorkerMetadata(2, f"http://{name}", 0))),)
+
+    async def member(name: str) -> tuple[KafkaClient, str]:
+        client = await connect(handle)
+        asked = await join(client, protocols=metadata(name))
+        assert asked.error_code.value == E.MEMBER_ID_REQUIRED
+        return client, asked.member_id
+
+    leader_client, a = await member("a")
+    follower_client, b = await member("b")
+    first = await join(leader_client, a, protocols=metadata("a"))
+    assert first.leader == a
+    await sync(leader_client, a, int(first.generation_id), assignments={
+        a: encode_assignment(ConnectAssignment(2, leader=a))})
+    joined = await join(follower_client, b, protocols=metadata("b"))
+    assert joined.error_code.value == 0 and joined.leader == ""
+    answered: dict[str, Any] = {}
+
+    async def follower_syncs() -> None:
+        answered["b"] = await sync(follower_client, b, int(joined.generation_id))
+
+    async with trio.open_nursery() as inner:
+        inner.start_soon(follower_syncs)
+        await trio.sleep(0.3)
+        assert "b" not in answered  # held: the leader is asked to assign
+        assert await heartbeat(leader_client, a, int(first.generation_id)) == \
+            E.REBALANCE_IN_PROGRESS
+        again = await join(leader_client, a, protocols=metadata("a"))
+        assert again.leader == a and len(again.members) == 2
+        assert "b" not in answered
+        given = frozenset({("c", -1), ("c", 0)})
+        installed = await sync(leader_client, a, int(again.generation_id), assignments={
+            a: encode_assignment(ConnectAssignment(2, leader=a)),
+            b: encode_assignment(ConnectAssignment(2, leader=a, assigned=given))})
+        assert installed.error_code.value == 0
+    answer = answered["b"]
+    assert answer.error_code.value == 0
+    assert decode_assignment(answer.assignment).assigned == given
+    await leader_client.aclose()
+    await follower_client.aclose()
+    handle.stop()

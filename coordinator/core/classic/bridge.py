@@ -11,7 +11,7 @@ prepare, install), so revoke-before-assign, fencing and durability are the engin
   metadata (version 0, eager: nothing) and whose client assignor is its protocols
   (`sessioned`/`compatible`: incremental-cooperative 1-2 or 1-1, `default`: eager 0).
   New metadata bytes are new assignor metadata: the group epoch moves. There is no
-  barrier: the answer is sent once the records are durable. Its generation is the
+  join barrier: the answer is sent once the records are durable. Its generation is the
   member epoch; it is answered as leader, with every member's metadata (its allocation
   being what the coordinator knows it holds), only when it is the worker chosen to
   compute a client-side assignment.
@@ -20,12 +20,16 @@ prepare, install), so revoke-before-assign, fencing and durability are the engin
   Prepare was answered) minus what it revokes plus what it is granted, so a unit a
   member was granted since and the leader gave to another is released before it moves.
   An invalid one changes nothing; its sender is told REBALANCE_IN_PROGRESS.
+- Any other member's SyncGroup waits while the chosen worker computes (as a broker's
+  followers wait for their leader's SyncGroup), bounded by
+  `group.connect.classic.sync.wait.ms` and half its session: the install answers it
+  with its part, so a leader's successor reaches every worker in one round.
 - Every SyncGroup is answered with the member's reconciled assignment in Connect's
   incremental form: the units granted beyond its allocation and the ones to revoke now
   (version 0: the whole set), the group's Connect leader, the highest config offset.
 - Heartbeat answers REBALANCE_IN_PROGRESS when the member must rejoin to make progress:
-  it must release units, a newer epoch waits for it, what it may run changed, or it was
-  chosen to compute the assignment.
+  it must release units, a newer epoch waits for it, what it may run changed, another
+  worker computes the next assignment, or it was chosen to compute it.
 - The chosen worker assigns in every round it completes, as a broker's leader does:
   Connect's assignor forgets its previous assignment (and the delay that holds a
   departed worker's units back) after a round it completed without assigning. So its
@@ -42,6 +46,7 @@ told) is a record of its own (`ClassicBridgeMember`), so it survives a restart.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from coordinator.connect_protocol import (
@@ -57,6 +62,7 @@ from coordinator.connect_protocol import (
 )
 from coordinator.core.classic.engine import (
     PROTOCOL_TYPE,
+    SYNC,
     HeartbeatAnswer,
     HeartbeatRequest,
     JoinAnswer,
@@ -64,13 +70,21 @@ from coordinator.core.classic.engine import (
     JoinRequest,
     LeaveAnswer,
     LeaveRequest,
+    Parked,
     SyncAnswer,
     SyncRequest,
 )
 from coordinator.core.classic.state import ClassicStore, bridge_record
 from coordinator.core.group import computed_by, units_to_wire
 from coordinator.core.reconcile import MemberState
-from coordinator.core.result import SESSION_TIMER, Event, Result, TimerSet
+from coordinator.core.result import (
+    SESSION_TIMER,
+    Event,
+    Result,
+    TimerCancel,
+    TimerOp,
+    TimerSet,
+)
 from coordinator.units import Unit
 from protocol.errors import ErrorCode
 from protocol.messages import (
@@ -86,6 +100,8 @@ if TYPE_CHECKING:
     from coordinator.core.coordinator import GroupCoordinator
 
 INCREMENTAL_COOPERATIVE = "incremental-cooperative"
+# A SyncGroup that waits for the chosen worker's assignment has waited as long as it may.
+SYNC_WAIT_TIMER = "classic_sync_wait"
 EAGER = "eager"
 MAX_REASON = 127  # the reason is an int8; 0 is "nothing asked"
 NO_UNITS: frozenset[Unit] = frozenset()
@@ -187,6 +203,12 @@ class ClassicBridge:
         # `computed_by`).
         self._leaders: dict[str, tuple[Any, tuple[int, int], tuple[int, str, str] | None,
                                        int, str | None]] = {}
+        # SyncGroups waiting for the assignment the chosen worker is computing, by group
+        # and member: (the generation they were sent with, until when they wait).
+        # Requests in flight, as the shell's parked ones are: a restart drops both (their
+        # connections are gone), and a rolled-back change puts back the ones it answered
+        # (`restore_parked`).
+        self._parked: dict[str, dict[str, tuple[int, int]]] = {}
 
     def _config_offset(self, metadata: bytes) -> int:
         """The config offset in Connect worker metadata (ConnectProtocolError if bad)."""
@@ -278,6 +300,8 @@ class ClassicBridge:
                 leader = member_id
                 members = tuple(self._leader_view(request.group_id, m)
                                 for m in prepared.response.members)
+        if group is not None:
+            results.extend(self._release_stale(group, now_ms))
         return _merge(results, JoinAnswer(ErrorCode.NONE, member_id, epoch, PROTOCOL_TYPE,
                                           protocol, leader, members))
 
@@ -366,7 +390,7 @@ class ClassicBridge:
         return names[0]
 
     # ------------------------------------------------------------------ SyncGroup
-    def sync(self, request: SyncRequest, now_ms: int) -> Result[SyncAnswer]:
+    def sync(self, request: SyncRequest, now_ms: int) -> Result[SyncAnswer | Parked]:
         group = self.core.store.groups.get(request.group_id)
         member = group.members.get(request.member_id) if group is not None else None
         bridged = self.store.bridged.get((request.group_id, request.member_id))
@@ -381,33 +405,170 @@ class ClassicBridge:
             results.append(installed)
             if installed.response is not None:
                 return _merge(results, SyncAnswer(ErrorCode.REBALANCE_IN_PROGRESS))
+            # The assignment is in: the SyncGroups that waited for it are answered with it.
+            results.extend(self._release_parked(request.group_id, now_ms))
+        else:
+            wait_ms = self._sync_wait_ms(group, request.member_id, bridged)
+            if wait_ms > 0:
+                waiting = self._parked.setdefault(request.group_id, {})
+                waiting[request.member_id] = (request.generation, now_ms + wait_ms)
+                timer = TimerSet((SYNC_WAIT_TIMER, request.group_id, request.member_id),
+                                 now_ms + wait_ms)
+                return Result(Parked((SYNC, request.group_id, request.member_id)),
+                              timers=[timer])
+        answered = self._answer_sync(request.group_id, request.member_id, request.generation,
+                                     now_ms)
+        results.append(answered)
+        return _merge(results, answered.response)
+
+    def _sync_wait_ms(self, group: Any, member_id: str,
+                      bridged: ClassicBridgeMemberValue) -> int:
+        """How long a member's SyncGroup waits for the assignment the chosen worker is
+        computing (0: it does not). As on a broker, where followers wait for their
+        leader's SyncGroup: answered now, it would be told what it runs, and its part of
+        the new assignment only at its next heartbeat after the install. Only a bridged
+        chosen worker's install answers it (`sync`); the wait is at most half the member's
+        session, since its heartbeats wait behind the SyncGroup on its connection. A member
+        the current target gives units to release or to start does not wait."""
+        if not self._may_wait(group, member_id):
+            return 0
+        if group.members[member_id].current.assigned != self._told(bridged.allocation):
+            return 0  # units to start (what it runs is its JoinGroup's allocation): now
+        return min(self.core.config.classic_sync_wait_ms, bridged.session_timeout_ms // 2)
+
+    def _may_wait(self, group: Any, member_id: str) -> bool:
+        """Whether another worker computes the next assignment and this member has
+        nothing to release meanwhile (a heartbeat then has it rejoin and wait)."""
+        if self.core.config.classic_sync_wait_ms <= 0 or group.chosen_member == member_id \
+                or not self._install_awaited(group):
+            return False
+        member = group.members.get(member_id)
+        return member is not None and member.current.state is not MemberState.UNREVOKED
+
+    def _install_awaited(self, group: Any) -> bool:
+        """Whether a bridged chosen worker is computing the group's next assignment."""
+        chosen = group.chosen_member
+        return chosen is not None and group.epoch > group.assignment_epoch \
+            and (group.group_id, chosen) in self.store.bridged
+
+    def _release_stale(self, group: Any, now_ms: int) -> list[Result[Any]]:
+        """Answer the group's waiting SyncGroups that wait in vain: the chosen worker's
+        (`release_chosen`), and all of them when the assignment is no longer coming (the
+        round ended another way)."""
+        results: list[Result[Any]] = []
+        chosen = self.release_chosen(group)
+        if chosen is not None:
+            results.append(chosen)
+        if self._parked.get(group.group_id) and not self._install_awaited(group):
+            results.extend(self._release_parked(group.group_id, now_ms))
+        return results
+
+    def release_chosen(self, group: Any) -> Result[None] | None:
+        """A member whose SyncGroup waits and that is now chosen to compute the assignment
+        (the previous one left) must rejoin to do so: its SyncGroup is answered
+        REBALANCE_IN_PROGRESS at once, as a broker answers one in a new round."""
+        group_id, chosen = group.group_id, group.chosen_member
+        waiting = self._parked.get(group_id)
+        if not waiting or chosen not in waiting:
+            return None
+        del waiting[chosen]
+        if not waiting:
+            del self._parked[group_id]
+        return Result(None, timers=[TimerCancel((SYNC_WAIT_TIMER, group_id, chosen))],
+                      releases=[((SYNC, group_id, chosen),
+                                 SyncAnswer(ErrorCode.REBALANCE_IN_PROGRESS))])
+
+    def _release_parked(self, group_id: str, now_ms: int,
+                        member_id: str | None = None) -> list[Result[Any]]:
+        """Answer the group's waiting SyncGroups (or only `member_id`'s) with what each
+        member may run now; the answers go out with the change's records."""
+        waiting = self._parked.get(group_id)
+        if not waiting:
+            return []
+        members = list(waiting) if member_id is None else \
+            [member_id] if member_id in waiting else []
+        results: list[Result[Any]] = []
+        for waiter in members:
+            generation, _until = waiting.pop(waiter)
+            answered = self._answer_sync(group_id, waiter, generation, now_ms)
+            answered.releases.append(((SYNC, group_id, waiter), answered.response))
+            answered.timers.append(TimerCancel((SYNC_WAIT_TIMER, group_id, waiter)))
+            results.append(answered)
+        if not waiting:
+            del self._parked[group_id]
+        return results
+
+    def on_sync_wait_timer(self, group_id: str, member_id: str, now_ms: int
+                           ) -> Result[None]:
+        """A SyncGroup waited as long as it may: it is answered with what the member may
+        run now (the assignment, when it comes, reaches it at a later heartbeat)."""
+        return _merge(self._release_parked(group_id, now_ms, member_id) or [Result(None)],
+                      None)
+
+    def sync_wait_timers(self, group_ids: Iterable[str], now_ms: int) -> list[TimerOp]:
+        """The timers of the SyncGroups still waiting in these groups (after a rollback
+        cleared the groups' timers)."""
+        operations: list[TimerOp] = []
+        for group_id in group_ids:
+            for member_id, (_generation, until) in self._parked.get(group_id, {}).items():
+                operations.append(TimerSet((SYNC_WAIT_TIMER, group_id, member_id),
+                                           max(now_ms, until)))
+        return operations
+
+    def drop_parked(self, group_id: str) -> list[tuple[Any, Any]]:
+        """The group goes (it becomes classic, or is deleted): its waiting SyncGroups are
+        answered REBALANCE_IN_PROGRESS, and their workers rejoin whatever comes next."""
+        waiting = self._parked.pop(group_id, {})
+        return [((SYNC, group_id, member_id), SyncAnswer(ErrorCode.REBALANCE_IN_PROGRESS))
+                for member_id in waiting]
+
+    def restore_parked(self, releases: Iterable[tuple[Any, Any]]) -> None:
+        """A change that answered waiting SyncGroups was rolled back: its answers were
+        never sent, so those requests wait again."""
+        for key, _answer in releases:
+            kind, group_id, member_id = key
+            group = self.core.store.groups.get(group_id)
+            member = group.members.get(member_id) if group is not None else None
+            if kind == SYNC and member is not None \
+                    and (group_id, member_id) in self.store.bridged:
+                # (its timer, re-derived, answers it at once unless an install does first)
+                self._parked.setdefault(group_id, {})[member_id] = (member.current.epoch, 0)
+
+    def _answer_sync(self, group_id: str, member_id: str, generation: int,
+                     now_ms: int) -> Result[SyncAnswer]:
+        """A SyncGroup's answer: the member's reconciled assignment in Connect's terms."""
+        group = self.core.store.groups.get(group_id)
+        member = group.members.get(member_id) if group is not None else None
+        bridged = self.store.bridged.get((group_id, member_id))
+        if group is None or member is None or bridged is None:
+            return Result(SyncAnswer(ErrorCode.UNKNOWN_MEMBER_ID))
+        results: list[Result[Any]] = []
         # A heartbeat keeps its session and moves it as far as it can go now.
         beat = self.core.heartbeat(ConnectGroupHeartbeatRequest(
-            group_id=request.group_id, member_id=request.member_id,
+            group_id=group_id, member_id=member_id,
             member_epoch=member.current.epoch, rebalance_timeout_ms=-1), now_ms)
-        self._own_session(beat, request.group_id, request.member_id,
-                          bridged.session_timeout_ms, now_ms)
+        self._own_session(beat, group_id, member_id, bridged.session_timeout_ms, now_ms)
         results.append(beat)
-        member = group.members.get(request.member_id)
+        member = group.members.get(member_id)
         if member is None:
             return _merge(results, SyncAnswer(ErrorCode.UNKNOWN_MEMBER_ID))
         allocation = _units_of(bridged.allocation)
         now_holds = member.current.assigned
         version = PROTOCOL_VERSIONS.get(bridged.protocol_name, 1)
-        leader, leader_url, offset = self._connect_leader(request.group_id)
+        leader, leader_url, offset = self._connect_leader(group_id)
         if version == EAGER_VERSION:
             told = ConnectAssignment(EAGER_VERSION, 0, leader, leader_url, offset, now_holds)
         else:
             told = ConnectAssignment(version, 0, leader, leader_url, offset,
                                      now_holds - allocation, allocation - now_holds,
-                                     self._delay_left(group, request.member_id, now_ms))
+                                     self._delay_left(group, member_id, now_ms))
         # The generation the worker goes on with: its JoinGroup's, even when the sync
         # moved its epoch on (then its next heartbeat has it rejoin).
         value = ClassicBridgeMemberValue(
             protocol_name=bridged.protocol_name, session_timeout_ms=bridged.session_timeout_ms,
             config_offset=bridged.config_offset, allocation=bridged.allocation,
-            told_epoch=request.generation, told=_units_bytes(now_holds))
-        record = bridge_record(request.group_id, request.member_id, value)
+            told_epoch=generation, told=_units_bytes(now_holds))
+        record = bridge_record(group_id, member_id, value)
         results.append(Result(None, [record], undo=[self.store.current_record(record.key)]))
         self.store.replay(record)
         return _merge(results, SyncAnswer(ErrorCode.NONE, PROTOCOL_TYPE, bridged.protocol_name,
@@ -527,10 +688,11 @@ class ClassicBridge:
             rebalance_timeout_ms=-1), now_ms)
         self._own_session(beat, request.group_id, request.member_id,
                           bridged.session_timeout_ms, now_ms)
+        results = [beat, *self._release_stale(group, now_ms)]
         code = beat.response.error_code
         if code != ErrorCode.NONE and code != ErrorCode.COMPUTE_ASSIGNMENT:
             error = ErrorCode(code)
-            return _merge([beat], HeartbeatAnswer(_JOIN_ERRORS.get(error, error)))
+            return _merge(results, HeartbeatAnswer(_JOIN_ERRORS.get(error, error)))
         member = group.members[request.member_id]
         current = member.current
         # The chosen worker's SyncGroup that installed an assignment told it its part: at
@@ -540,6 +702,8 @@ class ClassicBridge:
         must_rejoin = (
             code == ErrorCode.COMPUTE_ASSIGNMENT
             or current.state is MemberState.UNREVOKED
+            # Rejoin now, its SyncGroup then waiting for the assignment being computed.
+            or self._may_wait(group, member.member_id)
             or current.assigned != self._told(bridged.told)
             or ((current.epoch != bridged.told_epoch or current.epoch != request.generation)
                 and not (current.epoch == group.assignment_epoch
@@ -547,7 +711,7 @@ class ClassicBridge:
                          and (group.chosen_member == member.member_id
                               or self._ran_last_assignment(group, member))))
         )
-        return _merge([beat], HeartbeatAnswer(
+        return _merge(results, HeartbeatAnswer(
             ErrorCode.REBALANCE_IN_PROGRESS if must_rejoin else ErrorCode.NONE))
 
     # ------------------------------------------------------------------ LeaveGroup
@@ -575,6 +739,7 @@ class ClassicBridge:
                 member_epoch=-2 if instance_id is not None else -1,
                 instance_id=instance_id), now_ms)
             results.append(left)
+            results.extend(self._release_parked(request.group_id, now_ms, target))
             key = (request.group_id, target)
             if key in self.store.bridged:
                 record = bridge_record(request.group_id, target, None)
@@ -582,5 +747,8 @@ class ClassicBridge:
                                       undo=[self.store.current_record(record.key)]))
                 self.store.replay(record)
             answers.append((member_id, instance_id, int(left.response.error_code)))
+        group = self.core.store.groups.get(request.group_id)
+        if group is not None:  # (a chosen worker that left has a successor)
+            results.extend(self._release_stale(group, now_ms))
         top = answers[0][2] if len(answers) == 1 else ErrorCode.NONE
         return _merge(results, LeaveAnswer(top, tuple(answers)))
