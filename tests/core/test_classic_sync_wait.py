@@ -49,16 +49,22 @@ def leader_leaves(ctx: ClassicContext, workers: list[ClassicWorker]
     return leader, successor, follower
 
 
-def test_after_a_leader_leaves_a_follower_gets_its_new_tasks_with_the_successors_install(
-) -> None:
-    ctx = ClassicContext(classic_group_type="connect", assignment_interval_ms=0)
-    workers = settled(ctx)
-    leader, successor, follower = leader_leaves(ctx, workers)
-    departed = leader.held
-    # The follower's heartbeat comes first: it rejoins at once, and its SyncGroup waits.
+def a_follower_waits(ctx: ClassicContext
+                     ) -> tuple[ClassicWorker, ClassicWorker, ClassicWorker]:
+    """The leader leaves, and the other follower's heartbeat comes first: it rejoins at
+    once, and its SyncGroup waits for the successor's assignment."""
+    leader, successor, follower = leader_leaves(ctx, settled(ctx))
     follower.step()
     assert follower.waiting
     assert ctx.take(SYNC, follower.member_id) is None
+    return leader, successor, follower
+
+
+def test_after_a_leader_leaves_a_follower_gets_its_new_tasks_with_the_successors_install(
+) -> None:
+    ctx = ClassicContext(classic_group_type="connect", assignment_interval_ms=0)
+    leader, successor, follower = a_follower_waits(ctx)
+    departed = leader.held
     # The successor is asked to assign at its heartbeat; its SyncGroup installs, and the
     # follower's waiting SyncGroup is answered by the same change, with its new part.
     successor.step()
@@ -73,11 +79,8 @@ def test_after_a_leader_leaves_a_follower_gets_its_new_tasks_with_the_successors
 
 def test_a_waiting_sync_group_is_answered_when_its_wait_runs_out() -> None:
     ctx = ClassicContext(classic_group_type="connect", assignment_interval_ms=0)
-    workers = settled(ctx)
-    _leader, successor, follower = leader_leaves(ctx, workers)
+    _leader, successor, follower = a_follower_waits(ctx)
     held = follower.held
-    follower.step()
-    assert follower.waiting
     ctx.advance(WAIT_MS - 1)
     assert ctx.take(SYNC, follower.member_id) is None
     ctx.advance(1)
@@ -97,11 +100,8 @@ def test_a_waiting_sync_group_is_answered_when_its_wait_runs_out() -> None:
 def test_a_rolled_back_install_leaves_the_sync_group_waiting_and_answered_by_its_timer(
 ) -> None:
     ctx = ClassicContext(classic_group_type="connect", assignment_interval_ms=0)
-    workers = settled(ctx)
-    _leader, successor, follower = leader_leaves(ctx, workers)
+    _leader, successor, follower = a_follower_waits(ctx)
     held = follower.held
-    follower.step()
-    assert follower.waiting
     # The successor rejoins and assigns, but its install cannot be written.
     assert ctx.heartbeat(successor.member_id, successor.generation) == E.REBALANCE_IN_PROGRESS
     joined = ctx.join(successor.member_id, protocols=(("sessioned", successor.metadata()),),
