@@ -160,3 +160,23 @@ def wait_reconnected(coordinator: Coordinator, workers: list[Worker], since: flo
              "every worker to find the restarted coordinator", interval_s=0.25)
     wait_for(lambda: heartbeats() >= 2 * len(workers), timeout_s,
              "heartbeats from every worker to the restarted coordinator", interval_s=0.25)
+
+
+def wait_stable(coordinator: Coordinator, group: str, for_s: float = 3.0,
+                timeout_s: float = 60.0) -> None:
+    """The coordinator's group STABLE for `for_s` on end (a heartbeat interval): the
+    rounds that creating connectors starts are over. A worker stopped in one of them may
+    close with its SyncGroup still waiting for the leader's assignment, its LeaveGroup
+    queued behind it on the connection and never sent (as on a broker, where it would
+    wait behind a JoinGroup held at the join barrier)."""
+    since: list[float] = []
+
+    def settled() -> bool:
+        if coordinator.admin(f"/groups/{group}")["state"].upper() != "STABLE":
+            since.clear()
+            return False
+        if not since:
+            since.append(time.monotonic())
+        return time.monotonic() - since[0] >= for_s
+
+    wait_for(settled, timeout_s, f"group {group} stable for {for_s} s", interval_s=0.25)

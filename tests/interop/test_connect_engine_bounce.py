@@ -20,7 +20,11 @@ from coordinator.realkafka import (
     start_workers,
     wait_for,
 )
-from tests.interop.checks import assert_no_task_on_two_workers, wait_reconnected
+from tests.interop.checks import (
+    assert_no_task_on_two_workers,
+    wait_reconnected,
+    wait_stable,
+)
 
 # Short enough for a test; the bounced worker is back well before it ends.
 SCHEDULED_DELAY_MS = 15_000
@@ -57,9 +61,8 @@ def _follower_bounce(kafka_broker: Broker, tmp_path: Path, processes: list[Any],
                  f"every task of {name} RUNNING")
     assert coordinator.admin(f"/groups/{group}")["type"] == "connect"
     wait_for(lambda: connect_leader(workers) is not None, 30, "a leader named in the logs")
+    wait_stable(coordinator, group)
     if restart_coordinator:
-        wait_for(lambda: coordinator.admin(f"/groups/{group}")["state"].upper() == "STABLE",
-                 60, "a stable group before the restart")
         coordinator.process.kill()
         killed = time.time()
         coordinator = start_coordinator(
@@ -70,6 +73,7 @@ def _follower_bounce(kafka_broker: Broker, tmp_path: Path, processes: list[Any],
         # Bounced before it heartbeats to the new process, a worker may close before its
         # LeaveGroup is sent: its old member would then hold its tasks for a session.
         wait_reconnected(coordinator, workers, killed)
+        wait_stable(coordinator, group)
     index = pick(workers, 0, "follower")
     leader = connect_leader(workers)
     assert leader is not None and leader != index
