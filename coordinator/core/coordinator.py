@@ -222,8 +222,10 @@ class GroupCoordinator:
     def rollback(self, result: Result[Any]) -> None:
         """Undo the records of a change that could not be made durable (newest first).
 
-        Only records are undone here; the shell then calls `reschedule` for the groups
-        the change touched, so that their timers and runs are derived from what is left.
+        Only records are undone here (and the bridged SyncGroups the change answered wait
+        again: their answers were never sent); the shell then calls `reschedule` for the
+        groups the change touched, so that their timers and runs are derived from what is
+        left.
         """
         for record in result.undo:
             self.store.replay(record)

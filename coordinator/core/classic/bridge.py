@@ -21,9 +21,10 @@ prepare, install), so revoke-before-assign, fencing and durability are the engin
   member was granted since and the leader gave to another is released before it moves.
   An invalid one changes nothing; its sender is told REBALANCE_IN_PROGRESS.
 - Any other member's SyncGroup waits while the chosen worker computes (as a broker's
-  followers wait for their leader's SyncGroup), bounded by
-  `group.connect.classic.sync.wait.ms` and half its session: the install answers it
-  with its part, so a leader's successor reaches every worker in one round.
+  followers wait for their leader's SyncGroup), unless it has units to release or to
+  start, bounded by `group.connect.classic.sync.wait.ms` and half its session: the
+  install answers it with its part, so a leader's successor reaches every worker in one
+  round.
 - Every SyncGroup is answered with the member's reconciled assignment in Connect's
   incremental form: the units granted beyond its allocation and the ones to revoke now
   (version 0: the whole set), the group's Connect leader, the highest config offset.
