@@ -22,7 +22,11 @@ Each bounce first waits a random part of the workers' heartbeat interval (seeded
 series on every side). Connect's leader hears of a departure at its next heartbeat and
 starts its scheduled delay then, so where that heartbeat falls after the leave is part of
 every bounce's time; without the wait, the bench's own fixed schedule would set it, the
-same way bounce after bounce, and differently on each side.
+same way bounce after bounce, and differently on each side. The waits are spread evenly
+over the interval (one in each of as many equal slices as there are bounces, shuffled):
+where the workers' heartbeats fall relative to the bench's schedule differs by side, and
+waits drawn independently can bunch, so that one side's bounces meet early heartbeats and
+another's late ones; spread waits give every side the whole interval.
 
 The workers are configured as Apache Kafka's own Connect system tests configure theirs
 (scheduled.rebalance.max.delay.ms=60000, session.timeout.ms=10000,
@@ -194,6 +198,15 @@ def bounce(workers: list[Worker], index: int, settle_s: float, timeout_s: float)
     return Bounce(False, seconds, stopped, started, moved)
 
 
+def spread_waits(chance: random.Random, count: int, interval_s: float) -> list[float]:
+    """`count` waits within `interval_s`, one at a random point of each of `count` equal
+    slices of it, in a random order (see the module docstring)."""
+    slice_s = interval_s / count
+    waits = [(index + chance.random()) * slice_s for index in range(count)]
+    chance.shuffle(waits)
+    return waits
+
+
 def create_connectors(worker: Worker, topic: str) -> None:
     """The VerifiableSource and VerifiableSink of `TASKS`, through `worker`'s REST API."""
     worker.rest("POST", "/connectors", {"name": "source", "config": {
@@ -278,8 +291,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="seconds after all RUNNING in which stops and starts still count")
     parser.add_argument("--timeout", type=float, default=180.0)
     parser.add_argument("--seed", type=int, default=0,
-                        help="seed of the random wait (up to one heartbeat interval, the "
-                             "same series on every side) before each bounce")
+                        help="seed of the random wait (up to one heartbeat interval, spread "
+                             "over it, the same series on every side) before each bounce")
     parser.add_argument("--work-dir", type=Path, default=None,
                         help="keep the processes' folders (logs) here instead of a "
                              "temporary folder")
@@ -301,8 +314,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.bounce}); workers: "
           + ", ".join(f"{key}={value}" for key, value in overrides.items()), flush=True)
     heartbeat_s = int(str(overrides.get("heartbeat.interval.ms", 3_000))) / 1000
-    chance = random.Random(args.seed)
-    waits_s = [chance.uniform(0, heartbeat_s) for _ in range(args.bounces)]
+    waits_s = spread_waits(random.Random(args.seed), args.bounces, heartbeat_s)
     results: dict[str, list[Bounce]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-bounce-") as scratch:
         root = args.work_dir.resolve() if args.work_dir is not None else Path(scratch)
