@@ -223,6 +223,15 @@ def classic_group(ctx: ClassicContext, count: int = 3) -> list[Any]:
     return workers
 
 
+def upgraded_group(ctx: ClassicContext) -> tuple[list[Any], NewWorker]:
+    """A classic group of three that a new-protocol worker joined (upgraded), settled."""
+    workers = classic_group(ctx)
+    newcomer = NewWorker(ctx, "n1")
+    workers.append(newcomer)
+    run(ctx, workers)
+    return workers, newcomer
+
+
 def held_by_core(ctx: ClassicContext) -> dict[str, frozenset[Unit]]:
     group = ctx.core.store.groups["g"]
     return {member_id: member.current.assigned for member_id, member in group.members.items()}
@@ -265,10 +274,7 @@ def test_parked_classic_requests_get_rebalance_in_progress_on_upgrade() -> None:
 
 def test_last_new_protocol_leave_downgrades_and_a_restart_keeps_it() -> None:
     ctx = ClassicContext(assignment_interval_ms=0)
-    workers = classic_group(ctx)
-    newcomer = NewWorker(ctx, "n1")
-    workers.append(newcomer)
-    run(ctx, workers)
+    workers, newcomer = upgraded_group(ctx)
     epoch = ctx.core.store.groups["g"].epoch + 1  # (after the leave's bump)
     newcomer.leave()
     workers.remove(newcomer)
@@ -290,10 +296,7 @@ def test_a_sync_group_waiting_for_an_assignment_is_answered_when_the_group_downg
     answered REBALANCE_IN_PROGRESS, so the worker rejoins the classic group instead of
     waiting while that group's join phase ends without it."""
     ctx = ClassicContext(assignment_interval_ms=0)
-    workers = classic_group(ctx)
-    newcomer = NewWorker(ctx, "n1")
-    workers.append(newcomer)
-    run(ctx, workers)
+    workers, newcomer = upgraded_group(ctx)
     group = ctx.core.store.groups["g"]
     late_id = ctx.new_member(protocols=(("sessioned", ClassicWorker(ctx, "w4").metadata()),),
                              client_id="w4")
@@ -323,10 +326,7 @@ def test_the_policy_refuses_an_upgrade(policy: str) -> None:
 @pytest.mark.parametrize("policy", ["upgrade", "disabled"])
 def test_the_policy_refuses_a_downgrade(policy: str) -> None:
     ctx = ClassicContext(assignment_interval_ms=0, connect_migration_policy="bidirectional")
-    workers = classic_group(ctx)
-    newcomer = NewWorker(ctx, "n1")
-    workers.append(newcomer)
-    run(ctx, workers)
+    workers, newcomer = upgraded_group(ctx)
     ctx.core.config = ctx.config = type(ctx.config)(**{
         **{f: getattr(ctx.config, f) for f in ctx.config.__struct_fields__},
         "connect_migration_policy": policy})
@@ -375,10 +375,7 @@ def test_an_upgrade_that_cannot_be_written_is_rolled_back() -> None:
 
 def test_a_downgrade_that_cannot_be_written_is_rolled_back() -> None:
     ctx = ClassicContext(assignment_interval_ms=0)
-    workers = classic_group(ctx)
-    newcomer = NewWorker(ctx, "n1")
-    workers.append(newcomer)
-    run(ctx, workers)
+    workers, newcomer = upgraded_group(ctx)
     group_before = ctx.core.store.groups["g"]
     members_before = {m: (v.current, v.metadata) for m, v in group_before.members.items()}
     result = ctx.core.heartbeat(ConnectGroupHeartbeatRequest(
@@ -489,10 +486,7 @@ def test_a_rolled_back_downgrade_keeps_units_from_installs() -> None:
     an empty one: an empty one would say the admin API set no connectors, and the group
     would refuse every install after that."""
     ctx = ClassicContext(assignment_interval_ms=0)
-    workers = classic_group(ctx)
-    newcomer = NewWorker(ctx, "n1")
-    workers.append(newcomer)
-    run(ctx, workers)
+    workers, newcomer = upgraded_group(ctx)
     assert ctx.core.store.groups["g"].units_source == "installs"
     result = ctx.core.heartbeat(ConnectGroupHeartbeatRequest(
         group_id="g", member_id="n1", member_epoch=-1, instance_id=None, worker_url=None,

@@ -22,6 +22,7 @@ from coordinator.realkafka import (
     verifiable_lines,
     wait_for,
 )
+from tests.interop.test_proxy import _metric
 
 MARKS = ("committed", "flushed")
 # The group client of a Connect worker (not its consumers) found its coordinator.
@@ -150,11 +151,10 @@ def wait_reconnected(coordinator: Coordinator, workers: list[Worker], since: flo
         return False
 
     def heartbeats() -> float:
-        wanted = f'{HEARTBEATS}{{api="Heartbeat"}} '
-        for line in coordinator.metrics().splitlines():
-            if line.startswith(wanted):
-                return float(line.rsplit(" ", 1)[1])
-        return 0.0
+        try:
+            return _metric(coordinator.metrics(), HEARTBEATS, api="Heartbeat")
+        except AssertionError:  # none served yet
+            return 0.0
 
     wait_for(lambda: all(rediscovered(worker) for worker in workers), timeout_s,
              "every worker to find the restarted coordinator", interval_s=0.25)
