@@ -76,9 +76,10 @@ interop-jars: $(INTEROP_STAMP)
 demo-connect: install interop-jars
 	$(BIN)/python -m coordinator.demo_connect
 
-# -p no:cacheprovider: no .pytest_cache, so a read-only CI checkout works too.
+# -p no:cacheprovider: no .pytest_cache, so a read-only CI checkout works too; --tb=short:
+# a line or two per frame, so that the tail of a failed run shows every failure.
 test: install system-deps interop-jars
-	HYPOTHESIS_PROFILE=ci $(BIN)/python -m pytest -q -p no:cacheprovider
+	HYPOTHESIS_PROFILE=ci $(BIN)/python -m pytest -q -p no:cacheprovider --tb=short
 
 lint: install
 	$(BIN)/ruff check coordinator protocol bench tests

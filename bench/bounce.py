@@ -101,6 +101,26 @@ def _some_task_not_running(worker: Worker) -> bool:
     return False
 
 
+def _describe_progress(watcher: Worker, workers: list[Worker], tasks: set[str],
+                       since: float) -> str:
+    """What a bounce still waits for: the connectors and tasks not RUNNING (by the
+    watcher's REST status, with the worker each is on) and `tasks` not begun again."""
+    waiting = []
+    for name in TASKS:
+        status = connector_states(watcher, name)
+        if status is None:
+            waiting.append(f"{name}: no status")
+            continue
+        if status["connector"]["state"] != "RUNNING":
+            waiting.append(f"{name}: {status['connector']['state']}")
+        waiting += [f"{name}-{task['id']}: {task['state']} on {task.get('worker_id')}"
+                    for task in status["tasks"] if task["state"] != "RUNNING"]
+    begun = _begun_since(workers, since)
+    if tasks - begun:
+        waiting.append(f"not begun again: {', '.join(sorted(tasks - begun))}")
+    return "; ".join(waiting) or "nothing: it all ran at the last look"
+
+
 def _runs_in(worker: Worker, since: float, until: float) -> tuple[int, int, list[str]]:
     """(runs that ended, runs that began) in [since, until] in the worker's log."""
     stopped = started = 0
@@ -156,14 +176,19 @@ def _running_tasks(worker: Worker) -> set[str]:
             if runs and runs[-1][1] == math.inf}
 
 
-def _started_again(workers: list[Worker], tasks: set[str], since: float) -> bool:
-    """Whether each of `tasks` began a run after `since` in one of the workers' logs."""
+def _begun_since(workers: list[Worker], since: float) -> set[str]:
+    """The tasks that began a run after `since` in one of the workers' logs."""
     begun: set[str] = set()
     for worker in workers:
         for task, runs in task_intervals(worker.process.log_text(), [], math.inf).items():
             if any(start >= since for start, _ in runs):
                 begun.add(task)
-    return tasks <= begun
+    return begun
+
+
+def _started_again(workers: list[Worker], tasks: set[str], since: float) -> bool:
+    """Whether each of `tasks` began a run after `since` in one of the workers' logs."""
+    return tasks <= _begun_since(workers, since)
 
 
 def bounce(workers: list[Worker], index: int, settle_s: float, timeout_s: float) -> Bounce:
@@ -185,7 +210,8 @@ def bounce(workers: list[Worker], index: int, settle_s: float, timeout_s: float)
     # have started again somewhere (its log or the others').
     wait_for(lambda: _every_task_running(watcher)
              and _started_again(workers, moving, began - 1),
-             timeout_s, "every connector and task RUNNING after the bounce", interval_s=0.25)
+             timeout_s, "every connector and task RUNNING after the bounce", interval_s=0.25,
+             explain=lambda: _describe_progress(watcher, workers, moving, began - 1))
     seconds = time.time() - began
     time.sleep(settle_s)  # stops and starts that follow the moment all ran count too
     wait_answering(workers[index])

@@ -25,7 +25,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -143,8 +143,11 @@ def free_port_block(count: int, host: str = "127.0.0.1") -> int:
 
 
 def wait_for(predicate: Any, timeout_s: float, what: str, interval_s: float = 0.2,
-             process: ManagedProcess | None = None) -> Any:
-    """Poll until `predicate()` is truthy; fail with `what` (and the process's log tail)."""
+             process: ManagedProcess | None = None,
+             explain: Callable[[], str] | None = None) -> Any:
+    """Poll until `predicate()` is truthy; fail with `what`, then what `explain()` says of
+    the state it ended in (on the same line: a CI log keeps a failure's summary line), and
+    the process's log tail."""
     deadline = time.monotonic() + timeout_s
     while True:
         value = predicate()
@@ -154,8 +157,10 @@ def wait_for(predicate: Any, timeout_s: float, what: str, interval_s: float = 0.
             raise RuntimeError(f"{process.name} exited ({process.popen.returncode}) while "
                                f"waiting for {what}\n{process.tail()}")
         if time.monotonic() > deadline:
+            state = f" ({explain()})" if explain is not None else ""
             tail = f"\n{process.tail()}" if process is not None else ""
-            raise TimeoutError(f"timed out after {timeout_s:.0f} s waiting for {what}{tail}")
+            raise TimeoutError(
+                f"timed out after {timeout_s:.0f} s waiting for {what}{state}{tail}")
         time.sleep(interval_s)
 
 

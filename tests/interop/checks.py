@@ -156,10 +156,26 @@ def wait_reconnected(coordinator: Coordinator, workers: list[Worker], since: flo
         except AssertionError:  # none served yet
             return 0.0
 
+    def missing() -> str:
+        return "not yet: " + ", ".join(
+            f"{worker.process.name} (its last group log line: {last_group_line(worker)})"
+            for worker in workers if not rediscovered(worker))
+
     wait_for(lambda: all(rediscovered(worker) for worker in workers), timeout_s,
-             "every worker to find the restarted coordinator", interval_s=0.25)
+             "every worker to find the restarted coordinator", interval_s=0.25,
+             explain=missing)
     wait_for(lambda: heartbeats() >= 2 * len(workers), timeout_s,
-             "heartbeats from every worker to the restarted coordinator", interval_s=0.25)
+             "heartbeats from every worker to the restarted coordinator", interval_s=0.25,
+             explain=lambda: f"{heartbeats():.0f} served")
+
+
+def last_group_line(worker: Worker) -> str:
+    """The last line the worker's group client logged, for a failure message."""
+    for line in reversed(worker.process.log_text().splitlines()):
+        match = LOG_LINE.match(line)
+        if match is not None and match.group(2).startswith("[Worker clientId=connect-"):
+            return line[:300]
+    return "none"
 
 
 def wait_stable(coordinator: Coordinator, group: str, for_s: float = 3.0,
