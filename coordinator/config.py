@@ -67,6 +67,9 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     # How long a bridged worker's SyncGroup waits for the assignment another worker is
     # computing (0: answered at once with what it may run now).
     classic_sync_wait_ms: Annotated[int, Meta(ge=0, le=MS_HOUR)] = 10_000
+    # How long the JoinGroup of a bridged worker chosen to assign waits for the group's
+    # other bridged workers to rejoin (a broker's join barrier; 0: answered at once).
+    classic_join_wait_ms: Annotated[int, Meta(ge=0, le=MS_HOUR)] = 10_000
     # Which live conversions between group types are allowed (Kafka's
     # group.consumer.migration.policy, for connect groups).
     connect_migration_policy: Literal["bidirectional", "upgrade", "downgrade", "disabled"] = (
@@ -145,6 +148,7 @@ CONFIG_KEYS: dict[str, str] = {
     "group.max.session.timeout.ms": "classic_max_session_timeout_ms",
     "group.connect.classic.group.type": "classic_group_type",
     "group.connect.classic.sync.wait.ms": "classic_sync_wait_ms",
+    "group.connect.classic.join.wait.ms": "classic_join_wait_ms",
     "group.connect.migration.policy": "connect_migration_policy",
     "proxy.upstream": "proxy_upstream",
     "proxy.groups": "proxy_groups",

@@ -25,7 +25,7 @@ from coordinator.assignors.api import (
 from coordinator.config import ConfigError, GroupConfig, ServerConfig, parse_group_config
 from coordinator.core import describe as describing
 from coordinator.core.classic import conversion
-from coordinator.core.classic.bridge import SYNC_WAIT_TIMER, ClassicBridge
+from coordinator.core.classic.bridge import JOIN_WAIT_TIMER, SYNC_WAIT_TIMER, ClassicBridge
 from coordinator.core.classic.engine import CLASSIC_TIMERS, ClassicEngine
 from coordinator.core.group import (
     AssignorInfo,
@@ -222,13 +222,14 @@ class GroupCoordinator:
     def rollback(self, result: Result[Any]) -> None:
         """Undo the records of a change that could not be made durable (newest first).
 
-        Only records are undone here (and the bridged SyncGroups the change answered wait
-        again: their answers were never sent); the shell then calls `reschedule` for the
-        groups the change touched, so that their timers and runs are derived from what is
-        left.
+        Only records are undone here (and the bridged requests the change answered wait
+        again: their answers were never sent; one it held is forgotten: the shell answers
+        it with the error); the shell then calls `reschedule` for the groups the change
+        touched, so that their timers and runs are derived from what is left.
         """
         for record in result.undo:
             self.store.replay(record)
+        self.classic.bridge.forget_held(result)
         if result.releases:
             self.classic.bridge.restore_parked(result.releases)
 
@@ -272,7 +273,7 @@ class GroupCoordinator:
                                            max(now_ms, group.expire_at_ms)))
         # Classic groups by the same rule: their phase deadlines as recorded, fresh sessions.
         operations.extend(self.classic.timers(now_ms, group_ids))
-        operations.extend(self.classic.bridge.sync_wait_timers(group_ids, now_ms))
+        operations.extend(self.classic.bridge.wait_timers(group_ids, now_ms))
         return operations
 
     # ------------------------------------------------------------------ config
@@ -1505,6 +1506,10 @@ class GroupCoordinator:
             bridged: Result[None] = self.classic.bridge.on_sync_wait_timer(group_id, member_id,
                                                                            now_ms)
             return bridged
+        if kind == JOIN_WAIT_TIMER:
+            joined: Result[None] = self.classic.bridge.on_join_wait_timer(group_id, member_id,
+                                                                          now_ms)
+            return joined
         change = _Change(self.store)
         group = self.store.groups.get(group_id)
         if group is None:
@@ -1546,10 +1551,12 @@ class GroupCoordinator:
                 change.write(deadlines_record(group_id, None, group.expire_at_ms))
                 self._bump(group, change, trigger=TRIGGER_DELAYED_REBALANCE)
             self._maybe_new_target(group, change, now_ms)
-        if group_id in self.store.groups:  # a successor chosen while its SyncGroup waits
-            released = self.classic.bridge.release_chosen(group)
-            if released is not None:
+        if group_id in self.store.groups:  # a member gone, a successor chosen: held requests
+            for released in self.classic.bridge.settle(group, now_ms):
+                change.records.extend(released.records)
+                change.undo.extend(reversed(released.undo))
                 change.timers.extend(released.timers)
+                change.events.extend(released.events)
                 change.releases.extend(released.releases)
         self._maybe_downgrade(change, now_ms)
         return change.result(None)

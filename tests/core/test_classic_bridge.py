@@ -14,7 +14,7 @@ from coordinator.connect_protocol import (
     encode_assignment,
     encode_worker_metadata,
 )
-from coordinator.core.classic.engine import SYNC, JoinAnswer, Parked, SyncAnswer
+from coordinator.core.classic.engine import JOIN, SYNC, JoinAnswer, Parked, SyncAnswer
 from coordinator.units import Unit, units_of
 from protocol.errors import ErrorCode
 from tests.core.classic_context import ClassicContext
@@ -52,6 +52,7 @@ class ClassicWorker:
         self.held: frozenset[Unit] = frozenset()
         self.rejoin = True
         self.waiting = False  # its SyncGroup is parked: nothing else goes out meanwhile
+        self.joining = False  # its JoinGroup is held (it computes the round): the same
 
     def metadata(self) -> bytes:
         return encode_worker_metadata(WorkerMetadata(
@@ -59,6 +60,12 @@ class ClassicWorker:
 
     def step(self) -> None:
         ctx = self.ctx
+        if self.joining:
+            joined = ctx.take(JOIN, self.member_id)
+            if joined is not None:
+                self.joining = False
+                self._joined(joined)
+            return
         if self.waiting:
             released = ctx.take(SYNC, self.member_id)
             if released is None:
@@ -77,30 +84,43 @@ class ClassicWorker:
         answer = ctx.join(self.member_id, protocols=(("sessioned", self.metadata()),
                                                      ("compatible", self.metadata())),
                           client_id=self.name)
-        assert isinstance(answer, JoinAnswer)
-        if answer.error == E.MEMBER_ID_REQUIRED:
+        if isinstance(answer, JoinAnswer) and answer.error == E.MEMBER_ID_REQUIRED:
             self.member_id = answer.member_id
             answer = ctx.join(self.member_id, protocols=(("sessioned", self.metadata()),),
                               client_id=self.name)
-            assert isinstance(answer, JoinAnswer)
+        if isinstance(answer, Parked):
+            self.joining = True
+            return
         assert answer.error == E.NONE, answer
+        self._joined(answer)
+
+    def _joined(self, answer: JoinAnswer) -> None:
+        ctx = self.ctx
+        assert isinstance(answer, JoinAnswer)
+        if answer.error != E.NONE:  # a held JoinGroup answered with an error: again
+            assert answer.error in (E.REBALANCE_IN_PROGRESS, E.UNKNOWN_MEMBER_ID), answer
+            if answer.error == E.UNKNOWN_MEMBER_ID:
+                self.member_id = ""
+            self.rejoin = True
+            return
         assert answer.protocol_name == "sessioned"
         self.generation = answer.generation
-        assignments: dict[str, bytes] = {}
-        if answer.leader == self.member_id:
-            assert answer.members, "a leader is never told an empty member list"
-            owned = {}
-            for member in answer.members:
-                metadata = decode_worker_metadata(member.metadata)
-                owned[member.member_id] = metadata.allocation.assigned \
-                    if metadata.allocation else frozenset()
-            assignments = {m: encode_assignment(a)
-                           for m, a in cooperative(owned, self.member_id).items()}
+        assignments = self._assign(answer) if answer.leader == self.member_id else {}
         synced = ctx.sync(self.member_id, self.generation, assignments=assignments)
         if isinstance(synced, Parked):
             self.waiting = True
             return
         self._synced(synced)
+
+    def _assign(self, answer: JoinAnswer) -> dict[str, bytes]:
+        """As the leader: Connect's cooperative plan from every member's allocation."""
+        assert answer.members, "a leader is never told an empty member list"
+        owned = {}
+        for member in answer.members:
+            metadata = decode_worker_metadata(member.metadata)
+            owned[member.member_id] = metadata.allocation.assigned \
+                if metadata.allocation else frozenset()
+        return {m: encode_assignment(a) for m, a in cooperative(owned, self.member_id).items()}
 
     def _synced(self, synced: SyncAnswer) -> None:
         assert isinstance(synced, SyncAnswer)
@@ -338,60 +358,20 @@ class RememberingWorker(ClassicWorker):
 
     def step(self) -> None:
         while True:
-            self._round()
-            if self.waiting or not self.rejoin:
+            super().step()
+            if self.waiting or self.joining or not self.rejoin:
                 return
 
-    def _round(self) -> None:
-        ctx = self.ctx
-        if self.waiting:
-            released = ctx.take(SYNC, self.member_id)
-            if released is None:
-                return
-            self.waiting = False
-            self._completed(released, self.generation)
-            return
-        if not self.rejoin:
-            code = ctx.heartbeat(self.member_id, self.generation)
-            if code == E.NONE:
-                return
-            if code == E.UNKNOWN_MEMBER_ID:
-                self.member_id = ""
-        protocols = (("sessioned", self.metadata()),)
-        answer = ctx.join(self.member_id, protocols=protocols, client_id=self.name)
-        assert isinstance(answer, JoinAnswer)
-        if answer.error == E.MEMBER_ID_REQUIRED:
-            self.member_id = answer.member_id
-            answer = ctx.join(self.member_id, protocols=protocols, client_id=self.name)
-            assert isinstance(answer, JoinAnswer)
-        assert answer.error == E.NONE, answer
-        assignments: dict[str, bytes] = {}
-        if answer.leader == self.member_id:
-            if self.assigned_in is not None and self.assigned_in != self.completed:
-                self.forgot.append((self.assigned_in, self.completed))
-            self.assigned_in = answer.generation
-            owned = {}
-            for member in answer.members:
-                allocation = decode_worker_metadata(member.metadata).allocation
-                owned[member.member_id] = allocation.assigned if allocation else frozenset()
-            assignments = {m: encode_assignment(a)
-                           for m, a in cooperative(owned, self.member_id).items()}
-        self.generation = answer.generation
-        synced = ctx.sync(self.member_id, answer.generation, assignments=assignments)
-        if isinstance(synced, Parked):
-            self.waiting = True
-            return
-        self._completed(synced, answer.generation)
+    def _assign(self, answer: JoinAnswer) -> dict[str, bytes]:
+        if self.assigned_in is not None and self.assigned_in != self.completed:
+            self.forgot.append((self.assigned_in, self.completed))
+        self.assigned_in = answer.generation
+        return super()._assign(answer)
 
-    def _completed(self, synced: SyncAnswer, generation: int) -> None:
-        assert isinstance(synced, SyncAnswer)
-        if synced.error != E.NONE:
-            self.rejoin = True
-            return
-        self.completed = generation
-        told = decode_assignment(synced.assignment)
-        self.held = (self.held - told.revoked) | told.assigned
-        self.rejoin = bool(told.revoked)
+    def _synced(self, synced: SyncAnswer) -> None:
+        if isinstance(synced, SyncAnswer) and synced.error == E.NONE:
+            self.completed = self.generation
+        super()._synced(synced)
 
 
 def test_the_chosen_worker_completes_no_round_in_which_it_does_not_assign() -> None:

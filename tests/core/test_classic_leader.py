@@ -87,7 +87,9 @@ def test_a_unit_granted_after_the_leaders_join_answer_and_handed_elsewhere_moves
     third member. Its assignment is read against what it was shown: it is installed, the
     unit is released by the member that holds it before the third member gets it, and no
     unit is ever held by two members."""
-    ctx = ClassicContext(classic_group_type="connect", assignment_interval_ms=0)
+    # (the leader answered before the others rejoin: as when its JoinGroup's wait ran out)
+    ctx = ClassicContext(classic_group_type="connect", assignment_interval_ms=0,
+                         classic_join_wait_ms=0)
     ctx.apply(ctx.core.put_connector("g", "A", 1, ctx.now))  # two units: A and A-0
     units = sorted(units_of({"A": 1}))
     leader, late, third = (ClassicWorker(ctx, "a"), ClassicWorker(ctx, "c"),
@@ -227,7 +229,9 @@ def test_a_unit_granted_after_the_leaders_join_answer_and_handed_to_nobody_is_re
     """The same interleaving, but the leader (holding the unit back, say) hands it to
     nobody: read against what it was shown, the member that was granted it since is told
     to release it, and nobody is given it."""
-    ctx = ClassicContext(classic_group_type="connect", assignment_interval_ms=0)
+    # (the leader answered before the others rejoin: as when its JoinGroup's wait ran out)
+    ctx = ClassicContext(classic_group_type="connect", assignment_interval_ms=0,
+                         classic_join_wait_ms=0)
     ctx.apply(ctx.core.put_connector("g", "A", 1, ctx.now))
     given, kept = sorted(units_of({"A": 1}))
     leader, late, third = (ClassicWorker(ctx, "a"), ClassicWorker(ctx, "c"),

@@ -151,7 +151,9 @@ def test_a_member_that_must_release_units_is_told_at_once_while_a_round_is_pendi
 ) -> None:
     """Its SyncGroup does not wait: it releases now (revoke before assign), and a member
     held at a SyncGroup could not release in time for its rebalance timeout."""
-    ctx = ClassicContext(classic_group_type="connect", assignment_interval_ms=0)
+    # (the assigning worker answered before the others rejoin: as when its wait ran out)
+    ctx = ClassicContext(classic_group_type="connect", assignment_interval_ms=0,
+                         classic_join_wait_ms=0)
     workers = settled(ctx, 4)  # seven units: 2, 2, 2, 1
     group = ctx.core.store.groups["g"]
     leader = next(w for w in workers if w.member_id == group.chosen_member)
@@ -180,7 +182,9 @@ def test_a_member_with_units_to_start_is_told_at_once_while_a_round_is_pending()
     """The successor's install gives the follower units; a new worker joins before the
     follower heard of them, so another round is pending when it rejoins: its SyncGroup
     does not wait for that round, it starts its units now."""
-    ctx = ClassicContext(classic_group_type="connect", assignment_interval_ms=0)
+    # (the assigning worker answered before the others rejoin: as when its wait ran out)
+    ctx = ClassicContext(classic_group_type="connect", assignment_interval_ms=0,
+                         classic_join_wait_ms=0)
     workers = settled(ctx)
     leader, successor, follower = leader_leaves(ctx, workers)
     held = follower.held

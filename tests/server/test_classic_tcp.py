@@ -432,3 +432,78 @@ async def test_a_bridged_followers_sync_group_is_answered_by_the_leaders_install
     await leader_client.aclose()
     await follower_client.aclose()
     handle.stop()
+
+
+async def test_a_bridged_leaders_join_group_is_answered_once_the_others_rejoined(
+        nursery: trio.Nursery) -> None:
+    """Over TCP, in a connect group of classic workers: a third worker joins and the
+    worker that assigns hears of it first; its JoinGroup is held until the other worker
+    has rejoined too, then answered with every member's metadata."""
+    from coordinator.connect_protocol import (
+        ConnectAssignment,
+        WorkerMetadata,
+        encode_assignment,
+        encode_worker_metadata,
+    )
+
+    config = ServerConfig(assignment_interval_ms=0, assignor_offload_enable=False,
+                          shutdown_timeout_ms=2_000, classic_group_type="connect",
+                          classic_min_session_timeout_ms=1_000)
+    handle: ServerHandle = await nursery.start(run_server, config, ("127.0.0.1", 0),
+                                               ("127.0.0.1", 0))
+
+    def metadata(name: str) -> tuple[tuple[str, bytes], ...]:
+        return (("sessioned", encode_worker_metadata(WorkerMetadata(2, f"http://{name}", 0))),)
+
+    async def member(name: str) -> tuple[KafkaClient, str]:
+        client = await connect(handle)
+        asked = await join(client, protocols=metadata(name))
+        assert asked.error_code.value == E.MEMBER_ID_REQUIRED
+        return client, asked.member_id
+
+    nobody = encode_assignment(ConnectAssignment(2))
+    (a_client, a), (b_client, b), (c_client, c) = [await member(n) for n in "abc"]
+    first = await join(a_client, a, protocols=metadata("a"))
+    await sync(a_client, a, int(first.generation_id), assignments={a: nobody})
+    answered: dict[str, Any] = {}
+
+    async def follower_syncs(name: str, client: KafkaClient, member_id: str,
+                             generation: int) -> None:
+        answered[name] = await sync(client, member_id, generation)
+
+    async def leader_joins() -> None:
+        answered["a-join"] = await join(a_client, a, protocols=metadata("a"))
+
+    async with trio.open_nursery() as inner:
+        # b joins (it starts the round, so it has rejoined in it): a is answered at once.
+        joined_b = await join(b_client, b, protocols=metadata("b"))
+        inner.start_soon(follower_syncs, "b", b_client, b, int(joined_b.generation_id))
+        assert await heartbeat(a_client, a, int(first.generation_id)) == \
+            E.REBALANCE_IN_PROGRESS
+        second = await join(a_client, a, protocols=metadata("a"))
+        assert second.leader == a
+        await sync(a_client, a, int(second.generation_id), assignments={a: nobody, b: nobody})
+    assert answered.pop("b").error_code.value == 0
+    async with trio.open_nursery() as inner:
+        joined_c = await join(c_client, c, protocols=metadata("c"))  # a new round
+        inner.start_soon(follower_syncs, "c", c_client, c, int(joined_c.generation_id))
+        assert await heartbeat(a_client, a, int(second.generation_id)) == \
+            E.REBALANCE_IN_PROGRESS
+        inner.start_soon(leader_joins)
+        await trio.sleep(0.3)
+        assert "a-join" not in answered  # held: b has not rejoined
+        assert await heartbeat(b_client, b, int(joined_b.generation_id)) == \
+            E.REBALANCE_IN_PROGRESS
+        rejoined = await join(b_client, b, protocols=metadata("b"))
+        assert rejoined.error_code.value == 0 and rejoined.leader == ""
+        with trio.fail_after(5):
+            while "a-join" not in answered:
+                await trio.sleep(0.01)
+        third = answered["a-join"]
+        assert third.leader == a and {m.member_id for m in third.members} == {a, b, c}
+        await sync(a_client, a, int(third.generation_id),
+                   assignments={a: nobody, b: nobody, c: nobody})
+    assert answered["c"].error_code.value == 0
+    for client in (a_client, b_client, c_client):
+        await client.aclose()
+    handle.stop()

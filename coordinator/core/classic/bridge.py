@@ -10,11 +10,14 @@ prepare, install), so revoke-before-assign, fencing and durability are the engin
   heartbeat at the member's epoch whose owned units are the `allocation` of its Connect
   metadata (version 0, eager: nothing) and whose client assignor is its protocols
   (`sessioned`/`compatible`: incremental-cooperative 1-2 or 1-1, `default`: eager 0).
-  New metadata bytes are new assignor metadata: the group epoch moves. There is no
-  join barrier: the answer is sent once the records are durable. Its generation is the
-  member epoch; it is answered as leader, with every member's metadata (its allocation
-  being what the coordinator knows it holds), only when it is the worker chosen to
-  compute a client-side assignment.
+  New metadata bytes are new assignor metadata: the group epoch moves. The answer is
+  sent once the records are durable. Its generation is the member epoch; it is answered
+  as leader, with every member's metadata (its allocation being what the coordinator
+  knows it holds), only when it is the worker chosen to compute a client-side
+  assignment, and that JoinGroup waits until the group's other bridged members have
+  rejoined in the round (a broker's join barrier), bounded by
+  `group.connect.classic.join.wait.ms` and half its session: every worker's round then
+  ends at the install, and their heartbeats, timed from it, keep in step.
 - The chosen worker's SyncGroup is its Install for the group epoch Prepare handed out:
   each member's part is the allocation the leader was shown (what the member held when
   Prepare was answered) minus what it revokes plus what it is granted, so a unit a
@@ -62,6 +65,7 @@ from coordinator.connect_protocol import (
     encode_worker_metadata,
 )
 from coordinator.core.classic.engine import (
+    JOIN,
     PROTOCOL_TYPE,
     SYNC,
     HeartbeatAnswer,
@@ -103,6 +107,8 @@ if TYPE_CHECKING:
 INCREMENTAL_COOPERATIVE = "incremental-cooperative"
 # A SyncGroup that waits for the chosen worker's assignment has waited as long as it may.
 SYNC_WAIT_TIMER = "classic_sync_wait"
+# The chosen worker's JoinGroup has waited as long as it may for the others to rejoin.
+JOIN_WAIT_TIMER = "classic_join_wait"
 EAGER = "eager"
 MAX_REASON = 127  # the reason is an int8; 0 is "nothing asked"
 NO_UNITS: frozenset[Unit] = frozenset()
@@ -210,6 +216,13 @@ class ClassicBridge:
         # connections are gone), and a rolled-back change puts back the ones it answered
         # (`restore_parked`).
         self._parked: dict[str, dict[str, tuple[int, int]]] = {}
+        # The chosen worker's JoinGroup held until the group's other bridged members have
+        # rejoined in the round (a broker's join barrier), by group: (its member id, its
+        # protocol, until when, the members it still waits for). In flight, as above.
+        self._joining: dict[str, tuple[str, str, int, set[str]]] = {}
+        # By group, the bridged members that rejoined while the round was pending (what
+        # the held JoinGroup waits for); forgotten when the round ends.
+        self._rejoined: dict[str, set[str]] = {}
 
     def _config_offset(self, metadata: bytes) -> int:
         """The config offset in Connect worker metadata (ConnectProtocolError if bad)."""
@@ -292,19 +305,106 @@ class ClassicBridge:
                 event.fields["classic_protocol"] = protocol
         self._own_session(result, request.group_id, member_id, request.session_timeout_ms,
                           now_ms)
-        leader, members = "", tuple[JoinMember, ...]()
+        joined = self.core.store.groups[request.group_id]
         if code == ErrorCode.COMPUTE_ASSIGNMENT:
-            prepared = self.core.prepare_assignment(ConnectGroupPrepareAssignmentRequest(
-                group_id=request.group_id, member_id=member_id, member_epoch=epoch), now_ms)
-            results.append(prepared)
-            if prepared.response.error_code == ErrorCode.NONE:
-                leader = member_id
-                members = tuple(self._leader_view(request.group_id, m)
-                                for m in prepared.response.members)
-        if group is not None:
-            results.extend(self._release_stale(group, now_ms))
+            results.extend(self._release_stale(joined, now_ms))  # (another's held JoinGroup)
+            pending = self._awaited_rejoins(joined, member_id)
+            wait_ms = min(self.core.config.classic_join_wait_ms,
+                          request.session_timeout_ms // 2) if pending else 0
+            if wait_ms > 0:
+                self._joining[request.group_id] = (member_id, protocol, now_ms + wait_ms,
+                                                   pending)
+                results.append(Result(None, timers=[TimerSet(
+                    (JOIN_WAIT_TIMER, request.group_id, member_id), now_ms + wait_ms)]))
+                return _merge(results, Parked((JOIN, request.group_id, member_id)))
+            leader, members = self._prepare(joined, member_id, epoch, results, now_ms)
+            return _merge(results, JoinAnswer(ErrorCode.NONE, member_id, epoch, PROTOCOL_TYPE,
+                                              protocol, leader, members))
+        self._note_rejoin(joined, member_id)
+        results.extend(self._release_stale(joined, now_ms))
         return _merge(results, JoinAnswer(ErrorCode.NONE, member_id, epoch, PROTOCOL_TYPE,
-                                          protocol, leader, members))
+                                          protocol))
+
+    def _prepare(self, group: Any, member_id: str, epoch: int, results: list[Result[Any]],
+                 now_ms: int) -> tuple[str, tuple[JoinMember, ...]]:
+        """Prepare for the chosen worker: (the leader to name, every member's metadata),
+        or a follower's answer ("", ()) when the engine does not hand it out."""
+        prepared = self.core.prepare_assignment(ConnectGroupPrepareAssignmentRequest(
+            group_id=group.group_id, member_id=member_id, member_epoch=epoch), now_ms)
+        results.append(prepared)
+        if prepared.response.error_code != ErrorCode.NONE:
+            return "", ()
+        return member_id, tuple(self._leader_view(group.group_id, m)
+                                for m in prepared.response.members)
+
+    # ------------------------------------------------------------------ the join barrier
+    def _awaited_rejoins(self, group: Any, chosen: str) -> set[str]:
+        """The bridged members the chosen worker's JoinGroup waits for: the others that
+        have not rejoined in the round and will when their heartbeat tells them to
+        (`_may_wait`). As on a broker, the assignment is then computed from their fresh
+        metadata and reaches them in the same round, every worker's round ends at the
+        install, and their heartbeats keep in step (a leader bounce waits for one
+        heartbeat, not for two drawn apart)."""
+        if self.core.config.classic_join_wait_ms <= 0:
+            return set()
+        group_id = group.group_id
+        done = self._rejoined.get(group_id, set()) | set(self._parked.get(group_id, ()))
+        return {member_id for member_id in group.members
+                if member_id not in done and (group_id, member_id) in self.store.bridged
+                and self._may_wait(group, member_id)}
+
+    def _note_rejoin(self, group: Any, member_id: str) -> None:
+        """A bridged member's JoinGroup: remembered while a round is pending."""
+        if self._install_awaited(group):
+            self._rejoined.setdefault(group.group_id, set()).add(member_id)
+        else:
+            self._rejoined.pop(group.group_id, None)
+
+    def _maybe_release_join(self, group: Any, now_ms: int) -> list[Result[Any]]:
+        """Answer the held JoinGroup once no member it waits for is left (rejoined, gone,
+        or no longer bridged), or at once when it no longer computes the round."""
+        entry = self._joining.get(group.group_id)
+        if entry is None:
+            return []
+        member_id, _protocol, _until, pending = entry
+        if group.chosen_member == member_id and self._install_awaited(group):
+            rejoined = self._rejoined.get(group.group_id, set())
+            for waited in list(pending):  # (stops at the first still awaited: O(1) a call)
+                if waited in group.members and waited not in rejoined \
+                        and (group.group_id, waited) in self.store.bridged:
+                    return []
+                pending.discard(waited)
+        return self._release_join(group.group_id, now_ms)
+
+    def _release_join(self, group_id: str, now_ms: int) -> list[Result[Any]]:
+        """The held JoinGroup's answer: as the leader with every member's metadata while
+        it is still the worker chosen to compute the round, else as a follower."""
+        member_id, protocol, _until, _pending = self._joining.pop(group_id)
+        cancel = TimerCancel((JOIN_WAIT_TIMER, group_id, member_id))
+        group = self.core.store.groups.get(group_id)
+        member = group.members.get(member_id) if group is not None else None
+        if group is None or member is None:
+            return [Result(None, timers=[cancel], releases=[
+                ((JOIN, group_id, member_id), JoinAnswer(ErrorCode.UNKNOWN_MEMBER_ID,
+                                                         member_id))])]
+        results: list[Result[Any]] = []
+        epoch = member.current.epoch
+        leader, members = "", tuple[JoinMember, ...]()
+        if group.chosen_member == member_id and self._install_awaited(group):
+            leader, members = self._prepare(group, member_id, epoch, results, now_ms)
+        answer = JoinAnswer(ErrorCode.NONE, member_id, epoch, PROTOCOL_TYPE, protocol,
+                            leader, members)
+        results.append(Result(None, timers=[cancel],
+                              releases=[((JOIN, group_id, member_id), answer)]))
+        return results
+
+    def on_join_wait_timer(self, group_id: str, member_id: str, now_ms: int) -> Result[None]:
+        """The held JoinGroup waited as long as it may: the assignment is computed from
+        the members there are (the others hear of it at their next heartbeat)."""
+        entry = self._joining.get(group_id)
+        if entry is None or entry[0] != member_id:
+            return Result(None)
+        return _merge(self._release_join(group_id, now_ms), None)
 
     @classmethod
     def _reason(cls, group: Any, known: Any, bridged: ClassicBridgeMemberValue | None,
@@ -408,6 +508,7 @@ class ClassicBridge:
                 return _merge(results, SyncAnswer(ErrorCode.REBALANCE_IN_PROGRESS))
             # The assignment is in: the SyncGroups that waited for it are answered with it.
             results.extend(self._release_parked(request.group_id, now_ms))
+            self._rejoined.pop(request.group_id, None)  # the round is over
         else:
             wait_ms = self._sync_wait_ms(group, request.member_id, bridged)
             if wait_ms > 0:
@@ -453,16 +554,24 @@ class ClassicBridge:
             and (group.group_id, chosen) in self.store.bridged
 
     def _release_stale(self, group: Any, now_ms: int) -> list[Result[Any]]:
-        """Answer the group's waiting SyncGroups that wait in vain: the chosen worker's
-        (`release_chosen`), and all of them when the assignment is no longer coming (the
-        round ended another way)."""
-        results: list[Result[Any]] = []
+        """Answer the group's held requests whose wait is over: the chosen worker's
+        JoinGroup when no member it waits for is left, a waiting SyncGroup of the chosen
+        worker (`release_chosen`), and every waiting SyncGroup when the assignment is no
+        longer coming (the round ended another way)."""
+        results = self._maybe_release_join(group, now_ms)
         chosen = self.release_chosen(group)
         if chosen is not None:
             results.append(chosen)
-        if self._parked.get(group.group_id) and not self._install_awaited(group):
-            results.extend(self._release_parked(group.group_id, now_ms))
+        if not self._install_awaited(group):
+            self._rejoined.pop(group.group_id, None)
+            if self._parked.get(group.group_id):
+                results.extend(self._release_parked(group.group_id, now_ms))
         return results
+
+    def settle(self, group: Any, now_ms: int) -> list[Result[Any]]:
+        """After a change the bridge did not make (a timer: a session ended, a successor
+        was chosen): answer the held requests whose wait it ended."""
+        return self._release_stale(group, now_ms)
 
     def release_chosen(self, group: Any) -> Result[None] | None:
         """A member whose SyncGroup waits and that is now chosen to compute the assignment
@@ -506,34 +615,71 @@ class ClassicBridge:
         return _merge(self._release_parked(group_id, now_ms, member_id) or [Result(None)],
                       None)
 
-    def sync_wait_timers(self, group_ids: Iterable[str], now_ms: int) -> list[TimerOp]:
-        """The timers of the SyncGroups still waiting in these groups (after a rollback
+    def wait_timers(self, group_ids: Iterable[str], now_ms: int) -> list[TimerOp]:
+        """The timers of the requests still held in these groups (after a rollback
         cleared the groups' timers)."""
         operations: list[TimerOp] = []
         for group_id in group_ids:
             for member_id, (_generation, until) in self._parked.get(group_id, {}).items():
                 operations.append(TimerSet((SYNC_WAIT_TIMER, group_id, member_id),
                                            max(now_ms, until)))
+            joining = self._joining.get(group_id)
+            if joining is not None:
+                operations.append(TimerSet((JOIN_WAIT_TIMER, group_id, joining[0]),
+                                           max(now_ms, joining[2])))
         return operations
 
     def drop_parked(self, group_id: str) -> list[tuple[Any, Any]]:
-        """The group goes (it becomes classic, or is deleted): its waiting SyncGroups are
+        """The group goes (it becomes classic, or is deleted): its held requests are
         answered REBALANCE_IN_PROGRESS, and their workers rejoin whatever comes next."""
         waiting = self._parked.pop(group_id, {})
-        return [((SYNC, group_id, member_id), SyncAnswer(ErrorCode.REBALANCE_IN_PROGRESS))
-                for member_id in waiting]
+        self._rejoined.pop(group_id, None)
+        answers: list[tuple[Any, Any]] = [
+            ((SYNC, group_id, member_id), SyncAnswer(ErrorCode.REBALANCE_IN_PROGRESS))
+            for member_id in waiting]
+        joining = self._joining.pop(group_id, None)
+        if joining is not None:
+            answers.append(((JOIN, group_id, joining[0]),
+                            JoinAnswer(ErrorCode.REBALANCE_IN_PROGRESS, joining[0])))
+        return answers
+
+    def forget_held(self, result: Result[Any]) -> None:
+        """A change was rolled back: a request it held was answered with an error (the
+        shell's), and a JoinGroup it took no longer counts as a rejoin."""
+        response = result.response
+        if isinstance(response, Parked):
+            kind, group_id, member_id = response.key
+            if kind == SYNC:
+                waiting = self._parked.get(group_id, {})
+                waiting.pop(member_id, None)
+                if not waiting:
+                    self._parked.pop(group_id, None)
+            elif self._joining.get(group_id, ("",))[0] == member_id:
+                del self._joining[group_id]
+        elif isinstance(response, JoinAnswer):
+            for group_id in result.touched_groups():
+                rejoined = self._rejoined.get(group_id)
+                if rejoined is not None and response.member_id in rejoined:
+                    rejoined.discard(response.member_id)
+                    joining = self._joining.get(group_id)
+                    if joining is not None:
+                        joining[3].add(response.member_id)
 
     def restore_parked(self, releases: Iterable[tuple[Any, Any]]) -> None:
-        """A change that answered waiting SyncGroups was rolled back: its answers were
-        never sent, so those requests wait again."""
-        for key, _answer in releases:
+        """A change that answered held requests was rolled back: its answers were never
+        sent, so those requests wait again."""
+        for key, answer in releases:
             kind, group_id, member_id = key
             group = self.core.store.groups.get(group_id)
             member = group.members.get(member_id) if group is not None else None
-            if kind == SYNC and member is not None \
-                    and (group_id, member_id) in self.store.bridged:
-                # (its timer, re-derived, answers it at once unless an install does first)
+            if member is None or (group_id, member_id) not in self.store.bridged:
+                continue
+            # (its timer, re-derived, answers it at once unless an install does first)
+            if kind == SYNC:
                 self._parked.setdefault(group_id, {})[member_id] = (member.current.epoch, 0)
+            elif kind == JOIN and isinstance(answer, JoinAnswer) \
+                    and answer.error == ErrorCode.NONE:
+                self._joining[group_id] = (member_id, answer.protocol_name or "", 0, set())
 
     def _answer_sync(self, group_id: str, member_id: str, generation: int,
                      now_ms: int) -> Result[SyncAnswer]:
