@@ -471,8 +471,11 @@ async def test_a_bridged_leaders_join_group_is_answered_once_the_others_rejoined
                              generation: int) -> None:
         answered[name] = await sync(client, member_id, generation)
 
+    leader_answered = trio.Event()
+
     async def leader_joins() -> None:
         answered["a-join"] = await join(a_client, a, protocols=metadata("a"))
+        leader_answered.set()
 
     async with trio.open_nursery() as inner:
         # b joins (it starts the round, so it has rejoined in it): a is answered at once.
@@ -497,8 +500,7 @@ async def test_a_bridged_leaders_join_group_is_answered_once_the_others_rejoined
         rejoined = await join(b_client, b, protocols=metadata("b"))
         assert rejoined.error_code.value == 0 and rejoined.leader == ""
         with trio.fail_after(5):
-            while "a-join" not in answered:
-                await trio.sleep(0.01)
+            await leader_answered.wait()
         third = answered["a-join"]
         assert third.leader == a and {m.member_id for m in third.members} == {a, b, c}
         await sync(a_client, a, int(third.generation_id),
