@@ -118,6 +118,8 @@ def _describe_progress(watcher: Worker, workers: list[Worker], tasks: set[str],
     begun = _begun_since(workers, since)
     if tasks - begun:
         waiting.append(f"not begun again: {', '.join(sorted(tasks - begun))}")
+    waiting += [f"{worker.process.name} exited ({worker.process.popen.returncode})"
+                for worker in workers if worker.process.exited()]
     return "; ".join(waiting) or "nothing: it all ran at the last look"
 
 

@@ -158,7 +158,9 @@ def wait_reconnected(coordinator: Coordinator, workers: list[Worker], since: flo
 
     def missing() -> str:
         return "not yet: " + ", ".join(
-            f"{worker.process.name} (its last group log line: {last_group_line(worker)})"
+            f"{worker.process.name} ("
+            + (f"exited ({worker.process.popen.returncode}); " if worker.process.exited()
+               else "") + f"its last group log line: {last_group_line(worker)})"
             for worker in workers if not rediscovered(worker))
 
     wait_for(lambda: all(rediscovered(worker) for worker in workers), timeout_s,
@@ -196,3 +198,19 @@ def wait_stable(coordinator: Coordinator, group: str, for_s: float = 3.0,
         return time.monotonic() - since[0] >= for_s
 
     wait_for(settled, timeout_s, f"group {group} stable for {for_s} s", interval_s=0.25)
+
+
+def group_summary(coordinator: Coordinator, group: str) -> str:
+    """The coordinator's view of a connect group in one line, for a failure message."""
+    try:
+        view = coordinator.admin(f"/groups/{group}")
+    except Exception as error:  # noqa: BLE001 - a failure message, whatever happened
+        return f"no view of {group}: {error}"
+    members = ", ".join(
+        f"{m['worker_url']} epoch {m['member_epoch']} {m['state']}"
+        f" {len(m['assigned'].get('tasks', []))} tasks"
+        for m in view.get("members", []))
+    return (f"{group} {view.get('state')} epochs {view.get('group_epoch')}/"
+            f"{view.get('assignment_epoch')}, unassigned {view['unassigned']['names']}"
+            f", members: {members}" if "unassigned" in view else f"{group}: {view}")
+

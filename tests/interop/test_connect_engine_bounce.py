@@ -22,6 +22,7 @@ from coordinator.realkafka import (
 )
 from tests.interop.checks import (
     assert_no_task_on_two_workers,
+    group_summary,
     wait_reconnected,
     wait_stable,
 )
@@ -81,6 +82,8 @@ def _follower_bounce(kafka_broker: Broker, tmp_path: Path, processes: list[Any],
     logged_before = len(leader_log.read_text())
     try:
         result = bounce(workers, index, settle_s=3.0, timeout_s=SCHEDULED_DELAY_MS / 1000 + 60)
+    except TimeoutError as error:
+        raise TimeoutError(f"{error}; {group_summary(coordinator, group)}") from None
     finally:
         processes.append(workers[index])  # the bounced worker's new process, stopped too
     assert (result.stopped, result.started) == (0, 0), result.moved
