@@ -559,10 +559,15 @@ TASK_STARTED = re.compile(r"^Creating task ([\w.-]+-\d+)$")
 # task's producer (source) or consumer (sink) is closed.
 TASK_STOPPING = (
     re.compile(r"^Stopping task ([\w.-]+-\d+)$"),
-    re.compile(r"^Graceful stop of task ([\w.-]+-\d+) (?:succeeded|failed)"),
+    re.compile(r"^Graceful stop of task ([\w.-]+-\d+) succeeded"),
     re.compile(r"^App info kafka\.(?:producer|consumer) for "
                r"connector-(?:producer|consumer)-([\w.-]+-\d+) unregistered$"),
 )
+
+# Connect gave up waiting for the task to stop (task.shutdown.graceful.timeout.ms): it
+# cancels the task, completes the revocation without it, and its clients close whenever
+# the task's thread gets to it (after a coordinator or broker outage, tens of seconds on).
+TASK_ABANDONED = re.compile(r"^Graceful stop of task ([\w.-]+-\d+) failed")
 
 TaskRuns = dict[str, list[tuple[float, float]]]
 
@@ -575,8 +580,9 @@ def log_time(stamp: str) -> float:
 def task_intervals(log_text: str, kills: list[float], now: float) -> TaskRuns:
     """(start, end) of every run of each task in one worker's log, over its restarts: from
     "Creating task" to the last line that says it stopped (the stop, its completion, its
-    client closed) before it starts again; a run still open when the process was SIGKILLed
-    ends at the kill, one still open at the end of the log ends `now`."""
+    client closed) before it starts again, or to the moment Connect gave up on it and
+    cancelled it (its graceful stop failed); a run still open when the process was
+    SIGKILLed ends at the kill, one still open at the end of the log ends `now`."""
     runs: dict[str, list[list[float]]] = {}
     running: dict[str, list[float]] = {}  # started, not stopping yet
     stopping: dict[str, list[float]] = {}  # the last run, while more stop lines may come
@@ -604,6 +610,12 @@ def task_intervals(log_text: str, kills: list[float], now: float) -> TaskRuns:
                 runs.setdefault(task, []).append(run)
                 running[task] = run
                 stopping.pop(task, None)
+            continue
+        if abandoned := TASK_ABANDONED.match(message):
+            task = abandoned.group(1)
+            run_or_none = running.pop(task, None) or stopping.pop(task, None)
+            if run_or_none is not None:
+                run_or_none[1] = moment  # final: what its clients log later does not count
             continue
         for pattern in TASK_STOPPING:
             if stopped := pattern.match(message):

@@ -222,6 +222,18 @@ def test_the_log_check_sees_a_task_run_on_two_workers_at_once() -> None:
                "connector-producer-source-1 unregistered (o.a.k.c.u.AppInfoParser)\n")
     assert len(overlapping_runs({"a": task_intervals(stopped, [], end),
                                  "b": task_intervals(second_late, [], end)})) == 1
+    # A run Connect gave up on (its graceful stop failed) ends there, however late its
+    # clients close.
+    abandoned = ("[2026-01-01 10:00:00,000] INFO Creating task source-1 (o.a.k.c.r.Worker)\n"
+                 "[2026-01-01 10:00:04,000] INFO Stopping task source-1 (o.a.k.c.r.Worker)\n"
+                 "[2026-01-01 10:00:09,000] ERROR Graceful stop of task source-1 failed. "
+                 "(o.a.k.c.r.Worker)\n"
+                 "[2026-01-01 10:00:39,000] INFO App info kafka.producer for "
+                 "connector-producer-source-1 unregistered (o.a.k.c.u.AppInfoParser)\n")
+    assert task_intervals(abandoned, [], end) == {"source-1": [(
+        datetime(2026, 1, 1, 10, 0, 0).timestamp(), datetime(2026, 1, 1, 10, 0, 9).timestamp())]}
+    assert overlapping_runs({"a": task_intervals(abandoned, [], end),
+                             "b": task_intervals(second_late, [], end)}) == []
     # A SIGKILL ends the runs open at that moment; a later start is a new run.
     killed = "[2026-01-01 10:00:00,000] INFO Creating task source-1 (o.a.k.c.r.Worker)\n"
     killed_at = datetime(2026, 1, 1, 10, 0, 5).timestamp()
