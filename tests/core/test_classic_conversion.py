@@ -311,6 +311,28 @@ def test_a_sync_group_waiting_for_an_assignment_is_answered_when_the_group_downg
     assert isinstance(answer, SyncAnswer) and answer.error == E.REBALANCE_IN_PROGRESS
 
 
+def test_a_held_join_group_of_the_worker_that_assigns_is_answered_when_the_group_downgrades(
+) -> None:
+    """The bridged worker chosen to assign rejoins and its JoinGroup waits for the other
+    bridged workers; the group becomes classic meanwhile: it is answered
+    REBALANCE_IN_PROGRESS and rejoins the classic group."""
+    ctx = ClassicContext(assignment_interval_ms=0)
+    workers, newcomer = upgraded_group(ctx)
+    group = ctx.core.store.groups["g"]
+    late_id = ctx.new_member(protocols=(("sessioned", ClassicWorker(ctx, "w4").metadata()),),
+                             client_id="w4")  # a new round
+    assert isinstance(ctx.take(JOIN, late_id), JoinAnswer)
+    chosen = next(w for w in workers if w.member_id == group.chosen_member)
+    assert ctx.heartbeat(chosen.member_id, chosen.generation) == E.REBALANCE_IN_PROGRESS
+    held = ctx.join(chosen.member_id, protocols=(("sessioned", chosen.metadata()),),
+                    client_id=chosen.name)
+    assert isinstance(held, Parked)  # the two other classic workers have not rejoined
+    newcomer.leave()
+    assert "g" not in ctx.core.store.groups  # classic now
+    answer = ctx.take(JOIN, chosen.member_id)
+    assert isinstance(answer, JoinAnswer) and answer.error == E.REBALANCE_IN_PROGRESS
+
+
 @pytest.mark.parametrize("policy", ["downgrade", "disabled"])
 def test_the_policy_refuses_an_upgrade(policy: str) -> None:
     ctx = ClassicContext(assignment_interval_ms=0, connect_migration_policy=policy)

@@ -668,7 +668,7 @@ class ClassicBridge:
     def restore_parked(self, releases: Iterable[tuple[Any, Any]]) -> None:
         """A change that answered held requests was rolled back: its answers were never
         sent, so those requests wait again."""
-        for key, answer in releases:
+        for key, _answer in releases:
             kind, group_id, member_id = key
             group = self.core.store.groups.get(group_id)
             member = group.members.get(member_id) if group is not None else None
@@ -677,9 +677,9 @@ class ClassicBridge:
             # (its timer, re-derived, answers it at once unless an install does first)
             if kind == SYNC:
                 self._parked.setdefault(group_id, {})[member_id] = (member.current.epoch, 0)
-            elif kind == JOIN and isinstance(answer, JoinAnswer) \
-                    and answer.error == ErrorCode.NONE:
-                self._joining[group_id] = (member_id, answer.protocol_name or "", 0, set())
+            elif kind == JOIN:
+                protocol = self.store.bridged[(group_id, member_id)].protocol_name
+                self._joining[group_id] = (member_id, protocol, 0, set())
 
     def _answer_sync(self, group_id: str, member_id: str, generation: int,
                      now_ms: int) -> Result[SyncAnswer]:
