@@ -67,8 +67,8 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     # How long a bridged worker's SyncGroup waits for the assignment another worker is
     # computing (0: answered at once with what it may run now).
     classic_sync_wait_ms: Annotated[int, Meta(ge=0, le=MS_HOUR)] = 10_000
-    # How long the JoinGroup of a bridged worker chosen to assign waits for the group's
-    # other bridged workers to rejoin (a broker's join barrier; 0: answered at once).
+    # How long a bridged worker's JoinGroup in a pending round waits for the group's other
+    # bridged workers to rejoin (a broker's join barrier; 0: answered at once).
     classic_join_wait_ms: Annotated[int, Meta(ge=0, le=MS_HOUR)] = 10_000
     # Which live conversions between group types are allowed (Kafka's
     # group.consumer.migration.policy, for connect groups).

@@ -1552,7 +1552,7 @@ class GroupCoordinator:
                 self._bump(group, change, trigger=TRIGGER_DELAYED_REBALANCE)
             self._maybe_new_target(group, change, now_ms)
         if group_id in self.store.groups:  # a member gone, a successor chosen: held requests
-            for released in self.classic.bridge.settle(group, now_ms):
+            for released in self.classic.bridge.settle(group, member_id, now_ms):
                 change.records.extend(released.records)
                 change.undo.extend(reversed(released.undo))
                 change.timers.extend(released.timers)

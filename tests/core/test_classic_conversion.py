@@ -295,7 +295,7 @@ def test_a_sync_group_waiting_for_an_assignment_is_answered_when_the_group_downg
     the group becomes classic meanwhile (its last new-protocol member leaves): it is
     answered REBALANCE_IN_PROGRESS, so the worker rejoins the classic group instead of
     waiting while that group's join phase ends without it."""
-    ctx = ClassicContext(assignment_interval_ms=0)
+    ctx = ClassicContext(assignment_interval_ms=0, classic_join_wait_ms=0)
     workers, newcomer = upgraded_group(ctx)
     group = ctx.core.store.groups["g"]
     late_id = ctx.new_member(protocols=(("sessioned", ClassicWorker(ctx, "w4").metadata()),),
@@ -311,25 +311,22 @@ def test_a_sync_group_waiting_for_an_assignment_is_answered_when_the_group_downg
     assert isinstance(answer, SyncAnswer) and answer.error == E.REBALANCE_IN_PROGRESS
 
 
-def test_a_held_join_group_of_the_worker_that_assigns_is_answered_when_the_group_downgrades(
-) -> None:
-    """The bridged worker chosen to assign rejoins and its JoinGroup waits for the other
-    bridged workers; the group becomes classic meanwhile: it is answered
-    REBALANCE_IN_PROGRESS and rejoins the classic group."""
+def test_a_held_join_group_is_answered_when_the_group_downgrades() -> None:
+    """A classic worker joins a connect group; its JoinGroup is held until the others
+    have rejoined in the round; the group becomes classic meanwhile: it is answered
+    REBALANCE_IN_PROGRESS and joins the classic group instead."""
     ctx = ClassicContext(assignment_interval_ms=0)
-    workers, newcomer = upgraded_group(ctx)
-    group = ctx.core.store.groups["g"]
-    late_id = ctx.new_member(protocols=(("sessioned", ClassicWorker(ctx, "w4").metadata()),),
-                             client_id="w4")  # a new round
-    assert isinstance(ctx.take(JOIN, late_id), JoinAnswer)
-    chosen = next(w for w in workers if w.member_id == group.chosen_member)
-    assert ctx.heartbeat(chosen.member_id, chosen.generation) == E.REBALANCE_IN_PROGRESS
-    held = ctx.join(chosen.member_id, protocols=(("sessioned", chosen.metadata()),),
-                    client_id=chosen.name)
-    assert isinstance(held, Parked)  # the two other classic workers have not rejoined
+    _workers, newcomer = upgraded_group(ctx)
+    late = ctx.join("", protocols=(("sessioned", ClassicWorker(ctx, "w4").metadata()),),
+                    client_id="w4")
+    assert isinstance(late, JoinAnswer) and late.error == E.MEMBER_ID_REQUIRED
+    held = ctx.join(late.member_id,
+                    protocols=(("sessioned", ClassicWorker(ctx, "w4").metadata()),),
+                    client_id="w4")
+    assert isinstance(held, Parked)  # the classic workers have not rejoined yet
     newcomer.leave()
     assert "g" not in ctx.core.store.groups  # classic now
-    answer = ctx.take(JOIN, chosen.member_id)
+    answer = ctx.take(JOIN, late.member_id)
     assert isinstance(answer, JoinAnswer) and answer.error == E.REBALANCE_IN_PROGRESS
 
 

@@ -1,9 +1,11 @@
-"""The JoinGroup of a bridged worker chosen to assign waits until the group's other bridged
-workers have rejoined in the round, as a broker's join barrier holds its leader: the
-assignment is computed from their fresh metadata, it reaches them all with the install,
-and every worker's round ends at that moment (so their heartbeats keep in step). The
-wait is bounded, ends when a waited-for member goes, and is in flight: a rolled-back
-change and a restart leave nothing of it behind."""
+"""While a round is pending in a connect group, a bridged worker's JoinGroup waits until
+every bridged worker expected in the round has rejoined (the worker chosen to assign,
+and each one a heartbeat tells to rejoin), as a broker's join barrier holds them: the
+assignment is computed from everyone's fresh metadata, every JoinGroup of the round is
+answered at the same moment (Connect times its heartbeats from that answer, so the
+workers' heartbeats keep in step) and the install reaches them all. The wait is bounded,
+ends when an awaited member goes, and is in flight: a rolled-back change and a restart
+leave nothing of it behind."""
 
 from __future__ import annotations
 
@@ -157,7 +159,7 @@ def test_a_rolled_back_held_join_group_leaves_no_wait_behind() -> None:
     ctx.core.rollback(result)  # the shell answers the request with the write's error
     set_timers(ctx, result.touched_groups())
     assert not any(key[0] == JOIN_WAIT_TIMER for key in ctx.timers)
-    assert "g" not in ctx.core.classic.bridge._joining
+    assert "g" not in ctx.core.classic.bridge._held_joins
     run(ctx, [successor, follower], 10)  # it rejoins; the round completes
     assert follower.held | successor.held == UNITS
 
@@ -183,3 +185,51 @@ def test_with_no_join_wait_the_successor_assigns_at_once() -> None:
     group = ctx.core.store.groups["g"]
     assert group.epoch == group.assignment_epoch
     assert ctx.heartbeat(follower.member_id, follower.generation) == E.REBALANCE_IN_PROGRESS
+
+
+def test_a_follower_that_rejoins_first_is_answered_with_the_successor_in_one_change(
+) -> None:
+    ctx = ClassicContext(classic_group_type="connect", assignment_interval_ms=0)
+    leader, successor, follower = leader_leaves(ctx, settled(ctx))
+    follower.step()  # its heartbeat first: it rejoins, and waits for the successor
+    assert follower.joining and not follower.waiting
+    assert ctx.take(JOIN, follower.member_id) is None
+    # The successor's JoinGroup, the last awaited, is answered at once, and the same
+    # change answers the follower's: both time their heartbeats from this moment.
+    assert ctx.heartbeat(successor.member_id, successor.generation) == \
+        E.REBALANCE_IN_PROGRESS
+    request = JoinRequest("g", successor.member_id, "connect",
+                          (("sessioned", successor.metadata()),), 10_000, 30_000, None,
+                          successor.name, "127.0.0.1", require_known_member_id=True,
+                          skip_assignment_supported=True)
+    result = ctx.engine.join(request, ctx.now)
+    assert isinstance(result.response, JoinAnswer)
+    assert result.response.leader == successor.member_id
+    assert [key for key, _ in result.releases] == [(JOIN, "g", follower.member_id)]
+    ctx.apply(result)
+    successor._joined(result.response)  # assigns
+    follower.step()  # its JoinGroup's answer, then its SyncGroup: the install's part
+    assert not follower.joining and not follower.waiting
+    assert follower.held | successor.held == UNITS
+    assert follower.held & leader.held
+    no_double_holding([follower, successor], {})
+
+
+def test_a_new_workers_join_group_waits_for_the_others_to_rejoin() -> None:
+    ctx = ClassicContext(classic_group_type="connect", assignment_interval_ms=0)
+    workers = settled(ctx)
+    newcomer = ClassicWorker(ctx, "w4")
+    newcomer.step()  # a new round: the chosen worker and the others must rejoin first
+    assert newcomer.joining
+    group = ctx.core.store.groups["g"]
+    for worker in workers[:-1]:
+        worker.step()  # its heartbeat: it rejoins, and waits too
+        assert worker.joining
+    assert (JOIN, "g", newcomer.member_id) not in ctx.released  # one is still to come
+    workers[-1].step()  # the last: every JoinGroup of the round is answered with its own
+    assert all((JOIN, "g", w.member_id) in ctx.released for w in [*workers[:-1], newcomer])
+    run(ctx, [*workers, newcomer], 3)
+    assert group.epoch == group.assignment_epoch
+    assert newcomer.held and frozenset().union(*(w.held for w in [*workers, newcomer])) \
+        == UNITS
+    no_double_holding([*workers, newcomer], {})

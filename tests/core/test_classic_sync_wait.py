@@ -1,7 +1,11 @@
 """A bridged worker's SyncGroup waits for the assignment another bridged worker is
 computing, as a broker's followers wait for their leader's SyncGroup: a leader bounce
 then reaches every worker in one round instead of at each one's next heartbeat after the
-install. The wait is bounded, and a rolled-back install leaves it waiting again."""
+install. The wait is bounded, and a rolled-back install leaves it waiting again.
+
+The JoinGroup wait is off here (`classic_join_wait_ms=0`): each worker's JoinGroup is
+answered at once, so that the SyncGroup wait is seen alone, as when the JoinGroup wait
+ran out (test_classic_join_wait has the two together)."""
 
 from __future__ import annotations
 
@@ -62,7 +66,8 @@ def a_follower_waits(ctx: ClassicContext
 
 def test_after_a_leader_leaves_a_follower_gets_its_new_tasks_with_the_successors_install(
 ) -> None:
-    ctx = ClassicContext(classic_group_type="connect", assignment_interval_ms=0)
+    ctx = ClassicContext(classic_group_type="connect", assignment_interval_ms=0,
+                         classic_join_wait_ms=0)
     leader, successor, follower = a_follower_waits(ctx)
     departed = leader.held
     # The successor is asked to assign at its heartbeat; its SyncGroup installs, and the
@@ -78,7 +83,8 @@ def test_after_a_leader_leaves_a_follower_gets_its_new_tasks_with_the_successors
 
 
 def test_a_waiting_sync_group_is_answered_when_its_wait_runs_out() -> None:
-    ctx = ClassicContext(classic_group_type="connect", assignment_interval_ms=0)
+    ctx = ClassicContext(classic_group_type="connect", assignment_interval_ms=0,
+                         classic_join_wait_ms=0)
     _leader, successor, follower = a_follower_waits(ctx)
     held = follower.held
     ctx.advance(WAIT_MS - 1)
@@ -99,7 +105,8 @@ def test_a_waiting_sync_group_is_answered_when_its_wait_runs_out() -> None:
 
 def test_a_rolled_back_install_leaves_the_sync_group_waiting_and_answered_by_its_timer(
 ) -> None:
-    ctx = ClassicContext(classic_group_type="connect", assignment_interval_ms=0)
+    ctx = ClassicContext(classic_group_type="connect", assignment_interval_ms=0,
+                         classic_join_wait_ms=0)
     _leader, successor, follower = a_follower_waits(ctx)
     held = follower.held
     # The successor rejoins and assigns, but its install cannot be written.
@@ -136,6 +143,7 @@ def test_a_rolled_back_install_leaves_the_sync_group_waiting_and_answered_by_its
 
 def test_with_no_wait_a_follower_hears_of_its_new_part_only_after_the_install() -> None:
     ctx = ClassicContext(classic_group_type="connect", assignment_interval_ms=0,
+                         classic_join_wait_ms=0,
                          classic_sync_wait_ms=0)
     workers = settled(ctx)
     _leader, successor, follower = leader_leaves(ctx, workers)
@@ -151,7 +159,6 @@ def test_a_member_that_must_release_units_is_told_at_once_while_a_round_is_pendi
 ) -> None:
     """Its SyncGroup does not wait: it releases now (revoke before assign), and a member
     held at a SyncGroup could not release in time for its rebalance timeout."""
-    # (the assigning worker answered before the others rejoin: as when its wait ran out)
     ctx = ClassicContext(classic_group_type="connect", assignment_interval_ms=0,
                          classic_join_wait_ms=0)
     workers = settled(ctx, 4)  # seven units: 2, 2, 2, 1
@@ -182,7 +189,6 @@ def test_a_member_with_units_to_start_is_told_at_once_while_a_round_is_pending()
     """The successor's install gives the follower units; a new worker joins before the
     follower heard of them, so another round is pending when it rejoins: its SyncGroup
     does not wait for that round, it starts its units now."""
-    # (the assigning worker answered before the others rejoin: as when its wait ran out)
     ctx = ClassicContext(classic_group_type="connect", assignment_interval_ms=0,
                          classic_join_wait_ms=0)
     workers = settled(ctx)
@@ -207,7 +213,8 @@ def test_a_waiting_member_chosen_when_the_leader_leaves_is_told_to_rejoin_at_onc
     """Every follower waits at its SyncGroup for the leader's assignment; the leader
     leaves instead. The successor's SyncGroup is answered REBALANCE_IN_PROGRESS by the
     leave itself, so it rejoins and assigns without waiting for its wait to run out."""
-    ctx = ClassicContext(classic_group_type="connect", assignment_interval_ms=0)
+    ctx = ClassicContext(classic_group_type="connect", assignment_interval_ms=0,
+                         classic_join_wait_ms=0)
     workers = settled(ctx)
     group = ctx.core.store.groups["g"]
     leader = next(w for w in workers if w.member_id == group.chosen_member)

@@ -371,62 +371,95 @@ async def test_connect_group_describe_v1_finds_a_classic_group_and_v0_does_not(
     await one.aclose()
 
 
-async def test_a_bridged_followers_sync_group_is_answered_by_the_leaders_install(
-        nursery: trio.Nursery) -> None:
-    """Over TCP, in a connect group of two classic workers: the follower's SyncGroup,
-    sent while the leader is asked to assign, is held until the leader's SyncGroup
-    installs, then answered with the follower's part of that assignment."""
-    from coordinator.connect_protocol import (
-        ConnectAssignment,
-        WorkerMetadata,
-        decode_assignment,
-        encode_assignment,
-        encode_worker_metadata,
-    )
+def _worker_metadata(name: str) -> tuple[tuple[str, bytes], ...]:
+    from coordinator.connect_protocol import WorkerMetadata, encode_worker_metadata
+    return (("sessioned", encode_worker_metadata(WorkerMetadata(2, f"http://{name}", 0))),)
 
+
+def _nothing() -> bytes:
+    from coordinator.connect_protocol import ConnectAssignment, encode_assignment
+    return encode_assignment(ConnectAssignment(2))
+
+
+async def _connect_group_server(nursery: trio.Nursery) -> ServerHandle:
     config = ServerConfig(assignment_interval_ms=0, assignor_offload_enable=False,
                           shutdown_timeout_ms=2_000, classic_group_type="connect",
                           classic_min_session_timeout_ms=1_000)
     handle: ServerHandle = await nursery.start(run_server, config, ("127.0.0.1", 0),
                                                ("127.0.0.1", 0))
+    return handle
 
-    def metadata(name: str) -> tuple[tuple[str, bytes], ...]:
-        return (("sessioned", encode_worker_metadata(WorkerMetadata(2, f"http://{name}", 0))),)
 
-    async def member(name: str) -> tuple[KafkaClient, str]:
-        client = await connect(handle)
-        asked = await join(client, protocols=metadata(name))
-        assert asked.error_code.value == E.MEMBER_ID_REQUIRED
-        return client, asked.member_id
+async def _classic_member(handle: ServerHandle, name: str) -> tuple[KafkaClient, str]:
+    client = await connect(handle)
+    asked = await join(client, protocols=_worker_metadata(name))
+    assert asked.error_code.value == E.MEMBER_ID_REQUIRED
+    return client, asked.member_id
 
-    leader_client, a = await member("a")
-    follower_client, b = await member("b")
-    first = await join(leader_client, a, protocols=metadata("a"))
+
+class _Calls:
+    """Requests sent in the background: their answers, and an event per name."""
+
+    def __init__(self) -> None:
+        self.answers: dict[str, Any] = {}
+        self.events: dict[str, trio.Event] = {}
+
+    def event(self, name: str) -> trio.Event:
+        return self.events.setdefault(name, trio.Event())
+
+    async def call(self, name: str, request: Any) -> None:
+        self.answers[name] = await request
+        self.event(name).set()
+
+    async def answer(self, name: str) -> Any:
+        with trio.fail_after(5):
+            await self.event(name).wait()
+        return self.answers[name]
+
+
+async def test_a_bridged_followers_join_and_sync_are_answered_with_the_leaders(
+        nursery: trio.Nursery) -> None:
+    """Over TCP, in a connect group of classic workers: a second worker joins; its
+    JoinGroup is held until the worker that assigns has rejoined (both are answered
+    together), and its SyncGroup until that worker's SyncGroup installs, then answered
+    with its part of that assignment."""
+    from coordinator.connect_protocol import (
+        ConnectAssignment,
+        decode_assignment,
+        encode_assignment,
+    )
+
+    handle = await _connect_group_server(nursery)
+    leader_client, a = await _classic_member(handle, "a")
+    follower_client, b = await _classic_member(handle, "b")
+    first = await join(leader_client, a, protocols=_worker_metadata("a"))
     assert first.leader == a
-    await sync(leader_client, a, int(first.generation_id), assignments={
-        a: encode_assignment(ConnectAssignment(2, leader=a))})
-    joined = await join(follower_client, b, protocols=metadata("b"))
-    assert joined.error_code.value == 0 and joined.leader == ""
-    answered: dict[str, Any] = {}
+    await sync(leader_client, a, int(first.generation_id), assignments={a: _nothing()})
+    calls = _Calls()
 
-    async def follower_syncs() -> None:
-        answered["b"] = await sync(follower_client, b, int(joined.generation_id))
+    async def follower() -> None:
+        await calls.call("b-join", join(follower_client, b, protocols=_worker_metadata("b")))
+        joined = calls.answers["b-join"]
+        await calls.call("b-sync", sync(follower_client, b, int(joined.generation_id)))
 
+    given = frozenset({("c", -1), ("c", 0)})
     async with trio.open_nursery() as inner:
-        inner.start_soon(follower_syncs)
+        inner.start_soon(follower)
         await trio.sleep(0.3)
-        assert "b" not in answered  # held: the leader is asked to assign
+        assert "b-join" not in calls.answers  # held: the worker that assigns must rejoin
         assert await heartbeat(leader_client, a, int(first.generation_id)) == \
             E.REBALANCE_IN_PROGRESS
-        again = await join(leader_client, a, protocols=metadata("a"))
+        again = await join(leader_client, a, protocols=_worker_metadata("a"))
         assert again.leader == a and len(again.members) == 2
-        assert "b" not in answered
-        given = frozenset({("c", -1), ("c", 0)})
+        joined = await calls.answer("b-join")  # answered with the leader's
+        assert joined.error_code.value == 0 and joined.leader == ""
+        await trio.sleep(0.3)
+        assert "b-sync" not in calls.answers  # held: the assignment is being computed
         installed = await sync(leader_client, a, int(again.generation_id), assignments={
             a: encode_assignment(ConnectAssignment(2, leader=a)),
             b: encode_assignment(ConnectAssignment(2, leader=a, assigned=given))})
         assert installed.error_code.value == 0
-    answer = answered["b"]
+        answer = await calls.answer("b-sync")
     assert answer.error_code.value == 0
     assert decode_assignment(answer.assignment).assigned == given
     await leader_client.aclose()
@@ -434,78 +467,53 @@ async def test_a_bridged_followers_sync_group_is_answered_by_the_leaders_install
     handle.stop()
 
 
-async def test_a_bridged_leaders_join_group_is_answered_once_the_others_rejoined(
+async def test_every_join_group_of_a_bridged_round_is_answered_once_all_rejoined(
         nursery: trio.Nursery) -> None:
-    """Over TCP, in a connect group of classic workers: a third worker joins and the
-    worker that assigns hears of it first; its JoinGroup is held until the other worker
-    has rejoined too, then answered with every member's metadata."""
-    from coordinator.connect_protocol import (
-        ConnectAssignment,
-        WorkerMetadata,
-        encode_assignment,
-        encode_worker_metadata,
-    )
-
-    config = ServerConfig(assignment_interval_ms=0, assignor_offload_enable=False,
-                          shutdown_timeout_ms=2_000, classic_group_type="connect",
-                          classic_min_session_timeout_ms=1_000)
-    handle: ServerHandle = await nursery.start(run_server, config, ("127.0.0.1", 0),
-                                               ("127.0.0.1", 0))
-
-    def metadata(name: str) -> tuple[tuple[str, bytes], ...]:
-        return (("sessioned", encode_worker_metadata(WorkerMetadata(2, f"http://{name}", 0))),)
-
-    async def member(name: str) -> tuple[KafkaClient, str]:
-        client = await connect(handle)
-        asked = await join(client, protocols=metadata(name))
-        assert asked.error_code.value == E.MEMBER_ID_REQUIRED
-        return client, asked.member_id
-
-    nobody = encode_assignment(ConnectAssignment(2))
-    (a_client, a), (b_client, b), (c_client, c) = [await member(n) for n in "abc"]
-    first = await join(a_client, a, protocols=metadata("a"))
-    await sync(a_client, a, int(first.generation_id), assignments={a: nobody})
-    answered: dict[str, Any] = {}
-
-    async def follower_syncs(name: str, client: KafkaClient, member_id: str,
-                             generation: int) -> None:
-        answered[name] = await sync(client, member_id, generation)
-
-    leader_answered = trio.Event()
-
-    async def leader_joins() -> None:
-        answered["a-join"] = await join(a_client, a, protocols=metadata("a"))
-        leader_answered.set()
-
+    """Over TCP: a third worker joins a settled connect group of two classic workers;
+    its JoinGroup and that of the worker that assigns are held until the other worker
+    has rejoined too, then all three are answered, the assigning one with every
+    member's metadata."""
+    handle = await _connect_group_server(nursery)
+    (a_client, a), (b_client, b), (c_client, c) = \
+        [await _classic_member(handle, name) for name in "abc"]
+    first = await join(a_client, a, protocols=_worker_metadata("a"))
+    await sync(a_client, a, int(first.generation_id), assignments={a: _nothing()})
+    calls = _Calls()
     async with trio.open_nursery() as inner:
-        # b joins (it starts the round, so it has rejoined in it): a is answered at once.
-        joined_b = await join(b_client, b, protocols=metadata("b"))
-        inner.start_soon(follower_syncs, "b", b_client, b, int(joined_b.generation_id))
+        inner.start_soon(calls.call, "b-join", join(b_client, b, protocols=_worker_metadata("b")))
+        await trio.sleep(0.2)
         assert await heartbeat(a_client, a, int(first.generation_id)) == \
             E.REBALANCE_IN_PROGRESS
-        second = await join(a_client, a, protocols=metadata("a"))
-        assert second.leader == a
-        await sync(a_client, a, int(second.generation_id), assignments={a: nobody, b: nobody})
-    assert answered.pop("b").error_code.value == 0
+        second = await join(a_client, a, protocols=_worker_metadata("a"))
+        joined_b = await calls.answer("b-join")
+        inner.start_soon(calls.call, "b-sync",
+                         sync(b_client, b, int(joined_b.generation_id)))
+        await sync(a_client, a, int(second.generation_id),
+                   assignments={a: _nothing(), b: _nothing()})
+        assert (await calls.answer("b-sync")).error_code.value == 0
+    # Settled: a and b. c joins, and a hears of it first.
     async with trio.open_nursery() as inner:
-        joined_c = await join(c_client, c, protocols=metadata("c"))  # a new round
-        inner.start_soon(follower_syncs, "c", c_client, c, int(joined_c.generation_id))
+        inner.start_soon(calls.call, "c-join", join(c_client, c, protocols=_worker_metadata("c")))
+        await trio.sleep(0.2)
         assert await heartbeat(a_client, a, int(second.generation_id)) == \
             E.REBALANCE_IN_PROGRESS
-        inner.start_soon(leader_joins)
+        inner.start_soon(calls.call, "a-join", join(a_client, a, protocols=_worker_metadata("a")))
         await trio.sleep(0.3)
-        assert "a-join" not in answered  # held: b has not rejoined
+        assert "a-join" not in calls.answers and "c-join" not in calls.answers  # b to come
         assert await heartbeat(b_client, b, int(joined_b.generation_id)) == \
             E.REBALANCE_IN_PROGRESS
-        rejoined = await join(b_client, b, protocols=metadata("b"))
+        rejoined = await join(b_client, b, protocols=_worker_metadata("b"))
         assert rejoined.error_code.value == 0 and rejoined.leader == ""
-        with trio.fail_after(5):
-            await leader_answered.wait()
-        third = answered["a-join"]
+        third = await calls.answer("a-join")
         assert third.leader == a and {m.member_id for m in third.members} == {a, b, c}
+        joined_c = await calls.answer("c-join")
+        assert joined_c.error_code.value == 0 and joined_c.leader == ""
+        inner.start_soon(calls.call, "c-sync", sync(c_client, c, int(joined_c.generation_id)))
+        inner.start_soon(calls.call, "b-sync2", sync(b_client, b, int(rejoined.generation_id)))
         await sync(a_client, a, int(third.generation_id),
-                   assignments={a: nobody, b: nobody, c: nobody})
-    assert answered["c"].error_code.value == 0
+                   assignments={a: _nothing(), b: _nothing(), c: _nothing()})
+        assert (await calls.answer("c-sync")).error_code.value == 0
+        assert (await calls.answer("b-sync2")).error_code.value == 0
     for client in (a_client, b_client, c_client):
         await client.aclose()
     handle.stop()

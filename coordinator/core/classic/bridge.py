@@ -11,13 +11,13 @@ prepare, install), so revoke-before-assign, fencing and durability are the engin
   metadata (version 0, eager: nothing) and whose client assignor is its protocols
   (`sessioned`/`compatible`: incremental-cooperative 1-2 or 1-1, `default`: eager 0).
   New metadata bytes are new assignor metadata: the group epoch moves. The answer is
-  sent once the records are durable. Its generation is the member epoch; it is answered
-  as leader, with every member's metadata (its allocation being what the coordinator
-  knows it holds), only when it is the worker chosen to compute a client-side
-  assignment, and that JoinGroup waits until the group's other bridged members have
-  rejoined in the round (a broker's join barrier), bounded by
-  `group.connect.classic.join.wait.ms` and half its session: every worker's round then
-  ends at the install, and their heartbeats, timed from it, keep in step.
+  sent once the records are durable and, while a round is pending, once every bridged
+  member expected in it has rejoined (a broker's join barrier, bounded by
+  `group.connect.classic.join.wait.ms` and half the member's session): every JoinGroup
+  of the round is answered at once, and the workers' heartbeats, timed from that
+  answer, keep in step. Its generation is the member epoch; it is answered as leader,
+  with every member's metadata (its allocation being what the coordinator knows it
+  holds), only when it is the worker chosen to compute a client-side assignment.
 - The chosen worker's SyncGroup is its Install for the group epoch Prepare handed out:
   each member's part is the allocation the leader was shown (what the member held when
   Prepare was answered) minus what it revokes plus what it is granted, so a unit a
@@ -216,13 +216,14 @@ class ClassicBridge:
         # connections are gone), and a rolled-back change puts back the ones it answered
         # (`restore_parked`).
         self._parked: dict[str, dict[str, tuple[int, int]]] = {}
-        # The chosen worker's JoinGroup held until the group's other bridged members have
-        # rejoined in the round (a broker's join barrier), by group: (its member id, its
-        # protocol, until when, the members it still waits for). In flight, as above.
-        self._joining: dict[str, tuple[str, str, int, set[str]]] = {}
-        # By group, the bridged members that rejoined while the round was pending (what
-        # the held JoinGroup waits for); forgotten when the round ends.
+        # JoinGroups held until every bridged member expected in the round has rejoined
+        # (a broker's join barrier), by group and member: (its protocol, until when). In
+        # flight, as above.
+        self._held_joins: dict[str, dict[str, tuple[str, int]]] = {}
+        # By group, while a round is pending: the bridged members that rejoined in it, and
+        # the ones the held JoinGroups still wait for; forgotten when the round ends.
         self._rejoined: dict[str, set[str]] = {}
+        self._awaited: dict[str, set[str]] = {}
 
     def _config_offset(self, metadata: bytes) -> int:
         """The config offset in Connect worker metadata (ConnectProtocolError if bad)."""
@@ -306,24 +307,19 @@ class ClassicBridge:
         self._own_session(result, request.group_id, member_id, request.session_timeout_ms,
                           now_ms)
         joined = self.core.store.groups[request.group_id]
+        results.extend(self._release_stale(joined, now_ms))  # (held in vain: answer first)
+        held = self._hold_join(joined, member_id, protocol, request.session_timeout_ms,
+                               now_ms)
+        if held is not None:
+            results.append(held)
+            return _merge(results, Parked((JOIN, request.group_id, member_id)))
+        # The last of the round: the held JoinGroups are answered with this one.
+        results.extend(self._release_joins(request.group_id, now_ms))
+        leader, members = "", tuple[JoinMember, ...]()
         if code == ErrorCode.COMPUTE_ASSIGNMENT:
-            results.extend(self._release_stale(joined, now_ms))  # (another's held JoinGroup)
-            pending = self._awaited_rejoins(joined, member_id)
-            wait_ms = min(self.core.config.classic_join_wait_ms,
-                          request.session_timeout_ms // 2) if pending else 0
-            if wait_ms > 0:
-                self._joining[request.group_id] = (member_id, protocol, now_ms + wait_ms,
-                                                   pending)
-                results.append(Result(None, timers=[TimerSet(
-                    (JOIN_WAIT_TIMER, request.group_id, member_id), now_ms + wait_ms)]))
-                return _merge(results, Parked((JOIN, request.group_id, member_id)))
             leader, members = self._prepare(joined, member_id, epoch, results, now_ms)
-            return _merge(results, JoinAnswer(ErrorCode.NONE, member_id, epoch, PROTOCOL_TYPE,
-                                              protocol, leader, members))
-        self._note_rejoin(joined, member_id)
-        results.extend(self._release_stale(joined, now_ms))
         return _merge(results, JoinAnswer(ErrorCode.NONE, member_id, epoch, PROTOCOL_TYPE,
-                                          protocol))
+                                          protocol, leader, members))
 
     def _prepare(self, group: Any, member_id: str, epoch: int, results: list[Result[Any]],
                  now_ms: int) -> tuple[str, tuple[JoinMember, ...]]:
@@ -338,73 +334,99 @@ class ClassicBridge:
                                 for m in prepared.response.members)
 
     # ------------------------------------------------------------------ the join barrier
-    def _awaited_rejoins(self, group: Any, chosen: str) -> set[str]:
-        """The bridged members the chosen worker's JoinGroup waits for: the others that
-        have not rejoined in the round and will when their heartbeat tells them to
-        (`_may_wait`). As on a broker, the assignment is then computed from their fresh
-        metadata and reaches them in the same round, every worker's round ends at the
-        install, and their heartbeats keep in step (a leader bounce waits for one
-        heartbeat, not for two drawn apart)."""
-        if self.core.config.classic_join_wait_ms <= 0:
-            return set()
+    def _hold_join(self, group: Any, member_id: str, protocol: str, session_ms: int,
+                   now_ms: int) -> Result[None] | None:
+        """Hold a JoinGroup of a pending round while some bridged member expected in it
+        has not rejoined (its timer set), or None: answer it now.
+
+        As on a broker, every worker's JoinGroup in a round is then answered at the same
+        moment, the assignment is computed from everyone's fresh metadata and reaches
+        them with the install; and since each Connect worker times its heartbeats from
+        its JoinGroup's answer, their heartbeats keep in step: the next rebalance is heard
+        of by all at once (a leader bounce waits for one heartbeat, not for the later of
+        two drawn apart). Expected: the chosen worker (asked at its heartbeat) and every
+        member a heartbeat tells to rejoin while the chosen worker computes (`_may_wait`:
+        not one that must release units first, whose JoinGroup is not held either)."""
         group_id = group.group_id
+        if not self._install_awaited(group):
+            return None
+        self._rejoined.setdefault(group_id, set()).add(member_id)
+        wait_ms = min(self.core.config.classic_join_wait_ms, session_ms // 2)
+        if wait_ms <= 0 or not (group.chosen_member == member_id
+                                or self._may_wait(group, member_id)):
+            return None
+        awaited = self._awaited.get(group_id)
+        if awaited is None:
+            awaited = self._awaited[group_id] = self._expected(group)
+        if not self._still_awaited(group, awaited):
+            return None
+        self._held_joins.setdefault(group_id, {})[member_id] = (protocol, now_ms + wait_ms)
+        return Result(None, timers=[TimerSet((JOIN_WAIT_TIMER, group_id, member_id),
+                                             now_ms + wait_ms)])
+
+    def _expected(self, group: Any) -> set[str]:
+        """The bridged members a pending round waits for (see `_hold_join`)."""
+        group_id = group.group_id
+        # (a member whose SyncGroup waits cannot rejoin before it is answered)
         done = self._rejoined.get(group_id, set()) | set(self._parked.get(group_id, ()))
         return {member_id for member_id in group.members
                 if member_id not in done and (group_id, member_id) in self.store.bridged
-                and self._may_wait(group, member_id)}
+                and (member_id == group.chosen_member or self._may_wait(group, member_id))}
 
-    def _note_rejoin(self, group: Any, member_id: str) -> None:
-        """A bridged member's JoinGroup: remembered while a round is pending."""
-        if self._install_awaited(group):
-            self._rejoined.setdefault(group.group_id, set()).add(member_id)
-        else:
-            self._rejoined.pop(group.group_id, None)
+    def _still_awaited(self, group: Any, awaited: set[str]) -> bool:
+        """Whether a member the round waits for has not rejoined yet; the ones that have,
+        or went, are crossed off (the first still awaited ends the look: O(1) a call)."""
+        rejoined = self._rejoined.get(group.group_id, set())
+        for member_id in list(awaited):
+            if member_id in group.members and member_id not in rejoined \
+                    and (group.group_id, member_id) in self.store.bridged:
+                return True
+            awaited.discard(member_id)
+        return False
 
-    def _maybe_release_join(self, group: Any, now_ms: int) -> list[Result[Any]]:
-        """Answer the held JoinGroup once no member it waits for is left (rejoined, gone,
-        or no longer bridged), or at once when it no longer computes the round."""
-        entry = self._joining.get(group.group_id)
-        if entry is None:
+    def _maybe_release_joins(self, group: Any, now_ms: int) -> list[Result[Any]]:
+        """Answer the held JoinGroups once no member the round waits for is left, or at
+        once when the round is no longer pending."""
+        if not self._held_joins.get(group.group_id):
             return []
-        member_id, _protocol, _until, pending = entry
-        if group.chosen_member == member_id and self._install_awaited(group):
-            rejoined = self._rejoined.get(group.group_id, set())
-            for waited in list(pending):  # (stops at the first still awaited: O(1) a call)
-                if waited in group.members and waited not in rejoined \
-                        and (group.group_id, waited) in self.store.bridged:
-                    return []
-                pending.discard(waited)
-        return self._release_join(group.group_id, now_ms)
+        if self._install_awaited(group) \
+                and self._still_awaited(group, self._awaited.get(group.group_id, set())):
+            return []
+        return self._release_joins(group.group_id, now_ms)
 
-    def _release_join(self, group_id: str, now_ms: int) -> list[Result[Any]]:
-        """The held JoinGroup's answer: as the leader with every member's metadata while
-        it is still the worker chosen to compute the round, else as a follower."""
-        member_id, protocol, _until, _pending = self._joining.pop(group_id)
-        cancel = TimerCancel((JOIN_WAIT_TIMER, group_id, member_id))
+    def _release_joins(self, group_id: str, now_ms: int) -> list[Result[Any]]:
+        """Answer every held JoinGroup of the group: the chosen worker's as the leader with
+        every member's metadata while the round is still its to compute, the others' as
+        followers, a member's that is gone UNKNOWN_MEMBER_ID."""
+        self._awaited.pop(group_id, None)
+        held = self._held_joins.pop(group_id, {})
         group = self.core.store.groups.get(group_id)
-        member = group.members.get(member_id) if group is not None else None
-        if group is None or member is None:
-            return [Result(None, timers=[cancel], releases=[
-                ((JOIN, group_id, member_id), JoinAnswer(ErrorCode.UNKNOWN_MEMBER_ID,
-                                                         member_id))])]
         results: list[Result[Any]] = []
-        epoch = member.current.epoch
-        leader, members = "", tuple[JoinMember, ...]()
-        if group.chosen_member == member_id and self._install_awaited(group):
-            leader, members = self._prepare(group, member_id, epoch, results, now_ms)
-        answer = JoinAnswer(ErrorCode.NONE, member_id, epoch, PROTOCOL_TYPE, protocol,
-                            leader, members)
-        results.append(Result(None, timers=[cancel],
-                              releases=[((JOIN, group_id, member_id), answer)]))
+        for member_id, (protocol, _until) in held.items():
+            cancel = TimerCancel((JOIN_WAIT_TIMER, group_id, member_id))
+            member = group.members.get(member_id) if group is not None else None
+            if group is None or member is None:
+                results.append(Result(None, timers=[cancel], releases=[
+                    ((JOIN, group_id, member_id), JoinAnswer(ErrorCode.UNKNOWN_MEMBER_ID,
+                                                             member_id))]))
+                continue
+            epoch = member.current.epoch
+            leader, members = "", tuple[JoinMember, ...]()
+            if group.chosen_member == member_id and self._install_awaited(group):
+                leader, members = self._prepare(group, member_id, epoch, results, now_ms)
+            answer = JoinAnswer(ErrorCode.NONE, member_id, epoch, PROTOCOL_TYPE, protocol,
+                                leader, members)
+            results.append(Result(None, timers=[cancel],
+                                  releases=[((JOIN, group_id, member_id), answer)]))
         return results
 
     def on_join_wait_timer(self, group_id: str, member_id: str, now_ms: int) -> Result[None]:
-        """The held JoinGroup waited as long as it may: the assignment is computed from
-        the members there are (the others hear of it at their next heartbeat)."""
-        entry = self._joining.get(group_id)
-        if entry is None or entry[0] != member_id:
+        """A held JoinGroup waited as long as it may: the round goes on with the members
+        that rejoined (every held JoinGroup is answered; the others hear of the
+        assignment at their next heartbeat)."""
+        if member_id not in self._held_joins.get(group_id, {}):
             return Result(None)
-        return _merge(self._release_join(group_id, now_ms), None)
+        return _merge(self._release_joins(group_id, now_ms) or [Result(None)], None)
 
     @classmethod
     def _reason(cls, group: Any, known: Any, bridged: ClassicBridgeMemberValue | None,
@@ -508,7 +530,7 @@ class ClassicBridge:
                 return _merge(results, SyncAnswer(ErrorCode.REBALANCE_IN_PROGRESS))
             # The assignment is in: the SyncGroups that waited for it are answered with it.
             results.extend(self._release_parked(request.group_id, now_ms))
-            self._rejoined.pop(request.group_id, None)  # the round is over
+            self._forget_round(request.group_id)
         else:
             wait_ms = self._sync_wait_ms(group, request.member_id, bridged)
             if wait_ms > 0:
@@ -554,24 +576,44 @@ class ClassicBridge:
             and (group.group_id, chosen) in self.store.bridged
 
     def _release_stale(self, group: Any, now_ms: int) -> list[Result[Any]]:
-        """Answer the group's held requests whose wait is over: the chosen worker's
-        JoinGroup when no member it waits for is left, a waiting SyncGroup of the chosen
-        worker (`release_chosen`), and every waiting SyncGroup when the assignment is no
-        longer coming (the round ended another way)."""
-        results = self._maybe_release_join(group, now_ms)
+        """Answer the group's held requests whose wait is over: the held JoinGroups when no
+        member the round waits for is left, a waiting SyncGroup of the chosen worker
+        (`release_chosen`), and every waiting SyncGroup when the assignment is no longer
+        coming (the round ended another way)."""
+        results = self._maybe_release_joins(group, now_ms)
         chosen = self.release_chosen(group)
         if chosen is not None:
             results.append(chosen)
         if not self._install_awaited(group):
-            self._rejoined.pop(group.group_id, None)
+            self._forget_round(group.group_id)
             if self._parked.get(group.group_id):
                 results.extend(self._release_parked(group.group_id, now_ms))
         return results
 
-    def settle(self, group: Any, now_ms: int) -> list[Result[Any]]:
-        """After a change the bridge did not make (a timer: a session ended, a successor
-        was chosen): answer the held requests whose wait it ended."""
-        return self._release_stale(group, now_ms)
+    def _forget_round(self, group_id: str) -> None:
+        """The round is over: who rejoined in it no longer counts for the next."""
+        self._rejoined.pop(group_id, None)
+        self._awaited.pop(group_id, None)
+
+    def settle(self, group: Any, member_id: str, now_ms: int) -> list[Result[Any]]:
+        """After a change the bridge did not make (a timer of `member_id`'s: its session
+        ended, a successor was chosen): answer the held requests whose wait it ended."""
+        return [*self._release_gone(group.group_id, member_id),
+                *self._release_stale(group, now_ms)]
+
+    def _release_gone(self, group_id: str, member_id: str) -> list[Result[Any]]:
+        """A member that left or was removed: its held JoinGroup (if any) is answered
+        UNKNOWN_MEMBER_ID now (its SyncGroup: `_release_parked`)."""
+        group = self.core.store.groups.get(group_id)
+        held = self._held_joins.get(group_id, {})
+        if member_id not in held or (group is not None and member_id in group.members):
+            return []
+        del held[member_id]
+        if not held:
+            del self._held_joins[group_id]
+        return [Result(None, timers=[TimerCancel((JOIN_WAIT_TIMER, group_id, member_id))],
+                       releases=[((JOIN, group_id, member_id),
+                                  JoinAnswer(ErrorCode.UNKNOWN_MEMBER_ID, member_id))])]
 
     def release_chosen(self, group: Any) -> Result[None] | None:
         """A member whose SyncGroup waits and that is now chosen to compute the assignment
@@ -584,6 +626,7 @@ class ClassicBridge:
         del waiting[chosen]
         if not waiting:
             del self._parked[group_id]
+        self._unrejoin(group_id, chosen)  # it is to rejoin, and the round waits for it
         return Result(None, timers=[TimerCancel((SYNC_WAIT_TIMER, group_id, chosen))],
                       releases=[((SYNC, group_id, chosen),
                                  SyncAnswer(ErrorCode.REBALANCE_IN_PROGRESS))])
@@ -623,24 +666,22 @@ class ClassicBridge:
             for member_id, (_generation, until) in self._parked.get(group_id, {}).items():
                 operations.append(TimerSet((SYNC_WAIT_TIMER, group_id, member_id),
                                            max(now_ms, until)))
-            joining = self._joining.get(group_id)
-            if joining is not None:
-                operations.append(TimerSet((JOIN_WAIT_TIMER, group_id, joining[0]),
-                                           max(now_ms, joining[2])))
+            for member_id, (_protocol, until) in self._held_joins.get(group_id, {}).items():
+                operations.append(TimerSet((JOIN_WAIT_TIMER, group_id, member_id),
+                                           max(now_ms, until)))
         return operations
 
     def drop_parked(self, group_id: str) -> list[tuple[Any, Any]]:
         """The group goes (it becomes classic, or is deleted): its held requests are
         answered REBALANCE_IN_PROGRESS, and their workers rejoin whatever comes next."""
         waiting = self._parked.pop(group_id, {})
-        self._rejoined.pop(group_id, None)
+        self._forget_round(group_id)
         answers: list[tuple[Any, Any]] = [
             ((SYNC, group_id, member_id), SyncAnswer(ErrorCode.REBALANCE_IN_PROGRESS))
             for member_id in waiting]
-        joining = self._joining.pop(group_id, None)
-        if joining is not None:
-            answers.append(((JOIN, group_id, joining[0]),
-                            JoinAnswer(ErrorCode.REBALANCE_IN_PROGRESS, joining[0])))
+        answers += [((JOIN, group_id, member_id),
+                     JoinAnswer(ErrorCode.REBALANCE_IN_PROGRESS, member_id))
+                    for member_id in self._held_joins.pop(group_id, {})]
         return answers
 
     def forget_held(self, result: Result[Any]) -> None:
@@ -654,16 +695,24 @@ class ClassicBridge:
                 waiting.pop(member_id, None)
                 if not waiting:
                     self._parked.pop(group_id, None)
-            elif self._joining.get(group_id, ("",))[0] == member_id:
-                del self._joining[group_id]
+            else:
+                held = self._held_joins.get(group_id, {})
+                held.pop(member_id, None)
+                if not held:
+                    self._held_joins.pop(group_id, None)
+                self._unrejoin(group_id, member_id)
         elif isinstance(response, JoinAnswer):
             for group_id in result.touched_groups():
-                rejoined = self._rejoined.get(group_id)
-                if rejoined is not None and response.member_id in rejoined:
-                    rejoined.discard(response.member_id)
-                    joining = self._joining.get(group_id)
-                    if joining is not None:
-                        joining[3].add(response.member_id)
+                self._unrejoin(group_id, response.member_id)
+
+    def _unrejoin(self, group_id: str, member_id: str) -> None:
+        """A rolled-back JoinGroup: its member has not rejoined in the round after all."""
+        rejoined = self._rejoined.get(group_id)
+        if rejoined is not None and member_id in rejoined:
+            rejoined.discard(member_id)
+            awaited = self._awaited.get(group_id)
+            if awaited is not None:
+                awaited.add(member_id)
 
     def restore_parked(self, releases: Iterable[tuple[Any, Any]]) -> None:
         """A change that answered held requests was rolled back: its answers were never
@@ -677,9 +726,10 @@ class ClassicBridge:
             # (its timer, re-derived, answers it at once unless an install does first)
             if kind == SYNC:
                 self._parked.setdefault(group_id, {})[member_id] = (member.current.epoch, 0)
+                self._rejoined.setdefault(group_id, set()).add(member_id)  # (it had)
             elif kind == JOIN:
                 protocol = self.store.bridged[(group_id, member_id)].protocol_name
-                self._joining[group_id] = (member_id, protocol, 0, set())
+                self._held_joins.setdefault(group_id, {})[member_id] = (protocol, 0)
 
     def _answer_sync(self, group_id: str, member_id: str, generation: int,
                      now_ms: int) -> Result[SyncAnswer]:
@@ -887,6 +937,7 @@ class ClassicBridge:
                 instance_id=instance_id), now_ms)
             results.append(left)
             results.extend(self._release_parked(request.group_id, now_ms, target))
+            results.extend(self._release_gone(request.group_id, target))
             key = (request.group_id, target)
             if key in self.store.bridged:
                 record = bridge_record(request.group_id, target, None)
