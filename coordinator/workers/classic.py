@@ -196,6 +196,8 @@ class ClassicWorker:
                 self.member_id = ""
             await trio.sleep(0.1)
             return
+        # As Connect's client: its heartbeat timers start again with the JoinGroup answer.
+        self.last_heartbeat_ok = trio.current_time()
         self.generation = int(joined.generation_id)
         self.leader = joined.leader == self.member_id
         assignments: tuple[Any, ...] = ()

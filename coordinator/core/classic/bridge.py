@@ -416,9 +416,16 @@ class ClassicBridge:
                 leader, members = self._prepare(group, member_id, epoch, results, now_ms)
             answer = JoinAnswer(ErrorCode.NONE, member_id, epoch, PROTOCOL_TYPE, protocol,
                                 leader, members)
-            results.append(Result(None, timers=[cancel],
-                                  releases=[((JOIN, group_id, member_id), answer)]))
+            results.append(Result(None, timers=[cancel, self._session_from_now(
+                group_id, member_id, now_ms)], releases=[((JOIN, group_id, member_id), answer)]))
         return results
+
+    def _session_from_now(self, group_id: str, member_id: str, now_ms: int) -> TimerSet:
+        """A held request is answered or a SyncGroup comes: the member's session starts
+        again (as a broker's does when a join completes or a SyncGroup arrives), since
+        its heartbeats wait behind that request on its connection."""
+        timeout_ms = self.store.bridged[(group_id, member_id)].session_timeout_ms
+        return TimerSet((SESSION_TIMER, group_id, member_id), now_ms + timeout_ms)
 
     def on_join_wait_timer(self, group_id: str, member_id: str, now_ms: int) -> Result[None]:
         """A held JoinGroup waited as long as it may: the round goes on with the members
@@ -538,8 +545,9 @@ class ClassicBridge:
                 waiting[request.member_id] = (request.generation, now_ms + wait_ms)
                 timer = TimerSet((SYNC_WAIT_TIMER, request.group_id, request.member_id),
                                  now_ms + wait_ms)
+                session = self._session_from_now(request.group_id, request.member_id, now_ms)
                 return Result(Parked((SYNC, request.group_id, request.member_id)),
-                              timers=[timer])
+                              timers=[timer, session])
         answered = self._answer_sync(request.group_id, request.member_id, request.generation,
                                      now_ms)
         results.append(answered)
