@@ -233,3 +233,28 @@ def test_a_new_workers_join_group_waits_for_the_others_to_rejoin() -> None:
     assert newcomer.held and frozenset().union(*(w.held for w in [*workers, newcomer])) \
         == UNITS
     no_double_holding([*workers, newcomer], {})
+
+
+def test_a_member_held_at_both_waits_keeps_its_session() -> None:
+    """Its heartbeats wait behind a held request on its connection: a JoinGroup held for
+    its whole wait, then a SyncGroup held for its own, must not cost it its session (it
+    starts again when the JoinGroup is answered and when the SyncGroup comes)."""
+    ctx = ClassicContext(classic_group_type="connect", assignment_interval_ms=0)
+    _leader, successor, follower = leader_leaves(ctx, settled(ctx))
+    group = ctx.core.store.groups["g"]
+
+    def successor_beats(ms: int) -> None:  # alive, but it never rejoins
+        for _ in range(ms // 1_000):
+            ctx.advance(1_000)
+            ctx.heartbeat(successor.member_id, successor.generation)
+
+    follower.step()  # held: the successor has not rejoined
+    assert follower.joining
+    successor_beats(WAIT_MS)  # the wait runs out: answered as a follower
+    assert (JOIN, "g", follower.member_id) in ctx.released
+    ctx.advance(1)
+    follower.step()  # its SyncGroup, held: the successor is still to assign
+    assert follower.waiting
+    successor_beats(WAIT_MS - 1_000)
+    ctx.advance(999)  # a session (10 s) after its JoinGroup came; its SyncGroup waits on
+    assert follower.waiting and follower.member_id in group.members
