@@ -114,13 +114,8 @@ class ClassicWorker:
 
     def _assign(self, answer: JoinAnswer) -> dict[str, bytes]:
         """As the leader: Connect's cooperative plan from every member's allocation."""
-        assert answer.members, "a leader is never told an empty member list"
-        owned = {}
-        for member in answer.members:
-            metadata = decode_worker_metadata(member.metadata)
-            owned[member.member_id] = metadata.allocation.assigned \
-                if metadata.allocation else frozenset()
-        return {m: encode_assignment(a) for m, a in cooperative(owned, self.member_id).items()}
+        plan = cooperative(allocations(answer), self.member_id)
+        return {m: encode_assignment(a) for m, a in plan.items()}
 
     def _synced(self, synced: SyncAnswer) -> None:
         assert isinstance(synced, SyncAnswer)
@@ -131,6 +126,17 @@ class ClassicWorker:
         assert not (told.assigned and told.revoked), "never revoke and grant at once"
         self.held = (self.held - told.revoked) | told.assigned
         self.rejoin = bool(told.revoked)  # Connect rejoins right after revoking
+
+
+def allocations(answer: JoinAnswer) -> dict[str, frozenset[Unit]]:
+    """What each member runs, by the metadata a leader's JoinGroup answer shows it."""
+    assert answer.members, "a leader is never told an empty member list"
+    owned = {}
+    for member in answer.members:
+        metadata = decode_worker_metadata(member.metadata)
+        owned[member.member_id] = metadata.allocation.assigned \
+            if metadata.allocation else frozenset()
+    return owned
 
 
 def no_double_holding(workers: list[ClassicWorker], extra: dict[str, frozenset[Unit]]

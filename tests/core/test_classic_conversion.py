@@ -13,7 +13,6 @@ from coordinator.connect_protocol import (
     ConnectAssignment,
     WorkerMetadata,
     decode_assignment,
-    decode_worker_metadata,
     encode_assignment,
     encode_worker_metadata,
 )
@@ -30,7 +29,7 @@ from protocol.messages import (
 from protocol.messages.connect_group_install_assignment_request import MemberAssignment
 from tests.core.classic_context import ClassicContext
 from tests.core.context import wire_units
-from tests.core.test_classic_bridge import UNITS, cooperative
+from tests.core.test_classic_bridge import UNITS, allocations, cooperative
 
 E = ErrorCode
 
@@ -96,13 +95,8 @@ class ClassicWorker:
         self.generation = answer.generation
         assignments: dict[str, bytes] = {}
         if answer.leader == self.member_id:
-            assert answer.members, "a leader is never told an empty member list"
-            owned = {}
-            for member in answer.members:
-                metadata = decode_worker_metadata(member.metadata)
-                owned[member.member_id] = metadata.allocation.assigned \
-                    if metadata.allocation else frozenset()
-            assignments = {m: encode_assignment(a) for m, a in cooperative(owned).items()}
+            assignments = {m: encode_assignment(a)
+                           for m, a in cooperative(allocations(answer)).items()}
         if self.pause_after_join:
             self.phase, self.pending_sync = "sync", assignments
             return
