@@ -173,6 +173,9 @@ class ManagedProcess:
     folder: Path
     stdout_path: Path
     log_path: Path
+    # When a process writing to this log was SIGKILLed (epoch s), this one or one before
+    # it: what it ran then ended then, with no log line to say so.
+    killed_at: list[float] = field(default_factory=list)
 
     def exited(self) -> bool:
         return self.popen.poll() is not None
@@ -192,6 +195,7 @@ class ManagedProcess:
         if self.popen.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.popen.pid, signal.SIGKILL)
+                self.killed_at.append(time.time())
             self.popen.wait(timeout=30)
 
     def log_text(self) -> str:
@@ -384,6 +388,16 @@ def start_coordinator(folder: Path, upstream: str, groups: str, *, host: str = "
 # -- Connect workers -----------------------------------------------------------------------
 
 
+# Connect 4.3.1 at times hangs on SIGTERM: Jetty's own shutdown hook and Connect's stop
+# its REST server at once, one fails with this, and the other waits until it is killed
+# (the herder and its tasks run on meanwhile). A clean bounce is then a kill.
+STOP_HUNG = "WARN Unable to destroy (org.eclipse.jetty.util.component.ContainerLifeCycle)"
+
+
+class StopHung(RuntimeError):
+    """A worker asked to stop cleanly did not, and was killed."""
+
+
 @dataclass
 class Worker:
     process: ManagedProcess
@@ -397,6 +411,18 @@ class Worker:
 
     def stop(self) -> None:
         self.process.stop(grace_s=30)
+
+    def stop_cleanly(self, grace_s: float = 30.0) -> None:
+        """SIGTERM, as a clean bounce: StopHung if it had to be killed after `grace_s`."""
+        kills = len(self.process.killed_at)
+        self.process.stop(grace_s=grace_s)
+        if len(self.process.killed_at) > kills:
+            hung = STOP_HUNG in self.process.log_text()
+            raise StopHung(
+                f"{self.process.name} did not stop within {grace_s:.0f} s of SIGTERM and was "
+                "killed"
+                + ("; Connect's REST server did not stop (Jetty: 'Unable to destroy', a "
+                   "race of its shutdown hook with Connect's)" if hung else ""))
 
     def rest(self, method: str, path: str, body: Any = None, timeout_s: float = 30.0) -> Any:
         data = None if body is None else json.dumps(body).encode()
@@ -463,6 +489,7 @@ def restart_worker(worker: Worker, *, wait: bool = True) -> Worker:
     command, log_path = java_command("org.apache.kafka.connect.cli.ConnectDistributed",
                                      WORKER_HEAP, folder, str(path))
     process = start_process(worker.process.name, command, folder, log_path)
+    process.killed_at = worker.process.killed_at  # (the same log file)
     again = Worker(process, worker.host, worker.rest_port, worker.properties)
     if wait:
         try:

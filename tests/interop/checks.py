@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import re
 import time
-from pathlib import Path
 from typing import Any
 
 from coordinator.realkafka import (
@@ -115,15 +114,14 @@ def assert_no_gaps(workers: list[Worker], source_tasks: int, *, duplicates_allow
         assert distinct == list(range(len(distinct))), f"the sink lost records of task {task}"
 
 
-def assert_no_task_on_two_workers(workers: list[Worker], kills: dict[Path, list[float]],
+def assert_no_task_on_two_workers(workers: list[Worker],
                                   others: dict[str, TaskRuns] | None = None) -> None:
     """No task's runs on two workers overlap: the real workers' runs from their logs (a
-    run open when its process was SIGKILLed ends at the kill, `kills` by log file), and
-    `others`: runs of simulated workers by name, in epoch seconds."""
+    run open when its process was SIGKILLed, by a test or after a stop that hung, ends
+    at the kill), and `others`: runs of simulated workers by name, in epoch seconds."""
     now = time.time()
     by_worker: dict[str, TaskRuns] = {str(worker.process.log_path): task_intervals(
-        worker.process.log_text(), kills.get(worker.process.log_path, []), now)
-        for worker in workers}
+        worker.process.log_text(), worker.process.killed_at, now) for worker in workers}
     for runs in by_worker.values():
         assert runs, "no task start found in a worker's log: the log format changed?"
     by_worker.update(others or {})

@@ -9,12 +9,14 @@ killed and restarted on its data dir: it asks the same worker to assign."""
 from __future__ import annotations
 
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
 from bench.bounce import TASKS, bounce, connect_leader, create_connectors, pick
 from coordinator.realkafka import (
     Broker,
+    StopHung,
     all_running,
     start_coordinator,
     start_workers,
@@ -75,21 +77,35 @@ def _follower_bounce(kafka_broker: Broker, tmp_path: Path, processes: list[Any],
         # LeaveGroup is sent: its old member would then hold its tasks for a session.
         wait_reconnected(coordinator, workers, killed)
         wait_stable(coordinator, group)
-    index = pick(workers, 0, "follower")
-    leader = connect_leader(workers)
-    assert leader is not None and leader != index
-    leader_log = workers[leader].process.log_path
-    logged_before = len(leader_log.read_text())
-    try:
-        result = bounce(workers, index, settle_s=3.0, timeout_s=SCHEDULED_DELAY_MS / 1000 + 60)
-    except TimeoutError as error:
-        raise TimeoutError(f"{error}; {group_summary(coordinator, group)}") from None
-    finally:
-        processes.append(workers[index])  # the bounced worker's new process, stopped too
+    for attempt in (1, 2):
+        index = pick(workers, 0, "follower")
+        leader = connect_leader(workers)
+        assert leader is not None and leader != index
+        leader_log = workers[leader].process.log_path
+        logged_before = len(leader_log.read_text())
+        try:
+            result = bounce(workers, index, settle_s=3.0,
+                            timeout_s=SCHEDULED_DELAY_MS / 1000 + 60)
+            break
+        except StopHung as hung:
+            # Connect's own shutdown hung and the worker was killed: not the bounce this
+            # test is about. Once the group has healed (the leader hands the killed
+            # worker's tasks back after its delay), a second bounce.
+            if attempt == 2:
+                raise
+            warnings.warn(f"{hung}; bouncing again", stacklevel=1)
+            for name, count in TASKS.items():
+                wait_for(lambda name=name, count=count: all_running(workers[0], name, count),
+                         SCHEDULED_DELAY_MS / 1000 + 60, f"every task of {name} RUNNING")
+            wait_stable(coordinator, group)
+        except TimeoutError as error:
+            raise TimeoutError(f"{error}; {group_summary(coordinator, group)}") from None
+        finally:
+            processes.append(workers[index])  # the bounced worker's new process, stopped too
     assert (result.stopped, result.started) == (0, 0), result.moved
     # Connect's leader kept its view of the previous assignment through the bounce (it
     # logs this at debug level, which the workers' logs keep for its assignor).
     assert "Clearing the view of previous assignments" not in \
         leader_log.read_text()[logged_before:]
     assert connect_leader(workers) == leader
-    assert_no_task_on_two_workers(workers, {})
+    assert_no_task_on_two_workers(workers)

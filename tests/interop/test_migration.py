@@ -204,6 +204,6 @@ def test_classic_group_of_real_workers_upgraded_and_downgraded_by_new_protocol_w
     runs = simulated.task_runs()
     assert runs and all(runs.values()), "the simulated workers held no task"
     assert_no_gaps(workers, TASKS["source"], duplicates_allowed=False)
-    assert_no_task_on_two_workers(workers, {}, others=runs), \
+    assert_no_task_on_two_workers(workers, others=runs), \
         {name: describe_runs(task_runs) for name, task_runs in runs.items()}
     stop_together([worker.process for worker in workers])
