@@ -62,6 +62,9 @@ FLUSH_BYTES = 1_048_576  # forwarded requests are sent upstream at least this of
 SEND_BUFFERS = 512  # buffers per `sendmsg` (Linux takes at most 1024)
 PIPE_BYTES = 1_048_576  # asked of the kernel for a relay's pipe (it may give less)
 SPLICE = hasattr(os, "splice")  # Linux: large answers cross inside the kernel (`_Pipe`)
+# While no upstream answers the start-up probe, it tries again after these pauses (doubling).
+PROBE_FIRST_PAUSE_S = 0.5
+PROBE_LONGEST_PAUSE_S = 10.0
 
 
 def parse_upstream(address: str) -> tuple[str, int]:
@@ -522,12 +525,19 @@ class ProxyServer:
         return False
 
     async def _probe_upstream(self) -> None:
-        """Learn the brokers at start-up, so their ports are open and logged early; a
-        failure only means they are learned from the first client's Metadata instead."""
-        try:
-            await self.learn_nodes()
-        except (OSError, UpstreamClosed) as error:
-            log.warning("proxy_upstream_probe_failed", error=str(error))
+        """Learn the brokers at start-up, so their ports are open and logged early, and
+        again while no upstream answers (every 0.5 s, then up to every 10 s): a client
+        that knows a broker's port from before a restart finds it open once the cluster
+        can be reached, without a Metadata request of its own on the bootstrap port."""
+        pause_s = PROBE_FIRST_PAUSE_S
+        while not self.node_ports:  # (a client's Metadata may have taught them meanwhile)
+            try:
+                if await self.learn_nodes():
+                    return
+            except (OSError, UpstreamClosed) as error:
+                log.warning("proxy_upstream_probe_failed", error=str(error))
+            await trio.sleep(pause_s)
+            pause_s = min(pause_s * 2, PROBE_LONGEST_PAUSE_S)
 
     # -- listening -----------------------------------------------------------------------
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import random
+import socket
 from collections.abc import AsyncIterator
 from datetime import timedelta
 
@@ -59,9 +60,9 @@ class ScriptedBroker:
         self.requests: list[bytes] = []  # size prefix included, as received
         self.answer_sizes: dict[int, int] = {}
 
-    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
-                    ) -> None:
-        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    async def serve(self, port: int = 0, *,
+                    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        listeners = await trio.open_tcp_listeners(port, host="127.0.0.1")
         self.port = listeners[0].socket.getsockname()[1]
         task_status.started()
         await trio.serve_listeners(self._connection, listeners)
@@ -312,3 +313,36 @@ async def test_a_connections_pipe_is_closed_with_it(
             break
         await trio.sleep(0.05)
     assert open_descriptors() <= during - 6
+
+
+async def test_a_brokers_port_opens_once_the_upstream_answers_without_a_client(
+        nursery: trio.Nursery) -> None:
+    """The upstream is not up when the proxy starts (a cluster started after it, or a
+    proxy restarted while its clients know only the brokers' ports): the start-up probe
+    tries again, and the broker's port opens as soon as the upstream answers, with no
+    Metadata request from a client on the bootstrap port."""
+    with socket.socket() as reserve:
+        reserve.bind(("127.0.0.1", 0))
+        upstream_port = reserve.getsockname()[1]
+    config = ServerConfig(assignor_offload_enable=False, shutdown_timeout_ms=2_000,
+                          proxy_upstream=(f"127.0.0.1:{upstream_port}",),
+                          proxy_groups="owned-.*")
+    handle: ServerHandle = await nursery.start(
+        run_server, config, ("127.0.0.1", 0), ("127.0.0.1", 0))
+    node_port = handle.kafka_port + 1 + 1  # node 1's preferred port
+    await trio.sleep(1.0)  # a first probe or two fail
+    with pytest.raises(OSError):
+        await trio.open_tcp_stream("127.0.0.1", node_port)
+    broker = ScriptedBroker()
+    await nursery.start(broker.serve, upstream_port)
+    with trio.fail_after(5):
+        while True:
+            try:
+                stream = await trio.open_tcp_stream("127.0.0.1", node_port)
+                break
+            except OSError:
+                await trio.sleep(0.05)
+    await stream.aclose()
+    assert broker.requests and all(wire.peek(frame[4:]).api_key == wire.METADATA
+                                   for frame in broker.requests)  # the probe's only
+    handle.stop()
