@@ -31,7 +31,7 @@ another's late ones; spread waits give every side the whole interval.
 A worker that does not stop within 30 s of its SIGTERM is killed, and that bounce is not
 counted: Connect 4.3.1 at times hangs on SIGTERM (Jetty's shutdown hook and Connect's own
 stop its REST server at once; the log says "Unable to destroy"), on every side alike, in
-about one bounce of thirty here.
+about one bounce of a hundred here.
 
 The workers are configured as Apache Kafka's own Connect system tests configure theirs
 (scheduled.rebalance.max.delay.ms=60000, session.timeout.ms=10000,
