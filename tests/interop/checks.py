@@ -155,7 +155,11 @@ def wait_reconnected(coordinator: Coordinator, workers: list[Worker], since: flo
             return 0.0
 
     def missing() -> str:
-        return "not yet: " + ", ".join(
+        try:
+            nodes = coordinator.admin("/proxy").get("nodes")
+        except Exception as error:  # noqa: BLE001 - a failure message, whatever happened
+            nodes = f"unknown ({error})"
+        return f"the coordinator's broker ports: {nodes}; not yet: " + ", ".join(
             f"{worker.process.name} ("
             + (f"exited ({worker.process.popen.returncode}); " if worker.process.exited()
                else "") + f"its last group log line: {last_group_line(worker)})"
