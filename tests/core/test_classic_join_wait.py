@@ -258,3 +258,23 @@ def test_a_member_held_at_both_waits_keeps_its_session() -> None:
     successor_beats(WAIT_MS - 1_000)
     ctx.advance(999)  # a session (10 s) after its JoinGroup came; its SyncGroup waits on
     assert follower.waiting and follower.member_id in group.members
+
+
+def test_a_join_group_held_after_the_wait_ran_out_is_answered_by_the_install() -> None:
+    """Two workers had not rejoined when the wait ran out; one rejoins later and waits
+    for the other; the install ends the round, and answers it."""
+    ctx = ClassicContext(classic_group_type="connect", assignment_interval_ms=0)
+    workers = settled(ctx, 5)
+    _leader, successor, follower = leader_leaves(ctx, workers)
+    late, _later = [w for w in workers if w.member_id in ctx.core.store.groups["g"].members
+                   and w not in (successor, follower)]
+    follower.step()
+    successor.step()
+    assert follower.joining and successor.joining
+    ctx.advance(WAIT_MS)  # the two others never came: the round goes on without them
+    assert ctx.take(JOIN, follower.member_id) is not None
+    follower.joining = False  # (it took its answer; it syncs later)
+    late.step()  # rejoins now, and waits for the one still missing
+    assert late.joining
+    successor.step()  # takes its answer as leader, assigns: the install ends the round
+    assert (JOIN, "g", late.member_id) in ctx.released

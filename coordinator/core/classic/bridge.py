@@ -416,16 +416,20 @@ class ClassicBridge:
                 leader, members = self._prepare(group, member_id, epoch, results, now_ms)
             answer = JoinAnswer(ErrorCode.NONE, member_id, epoch, PROTOCOL_TYPE, protocol,
                                 leader, members)
-            results.append(Result(None, timers=[cancel, self._session_from_now(
+            results.append(Result(None, timers=[cancel, *self._session_from_now(
                 group_id, member_id, now_ms)], releases=[((JOIN, group_id, member_id), answer)]))
         return results
 
-    def _session_from_now(self, group_id: str, member_id: str, now_ms: int) -> TimerSet:
+    def _session_from_now(self, group_id: str, member_id: str, now_ms: int
+                          ) -> list[TimerSet]:
         """A held request is answered or a SyncGroup comes: the member's session starts
         again (as a broker's does when a join completes or a SyncGroup arrives), since
         its heartbeats wait behind that request on its connection."""
-        timeout_ms = self.store.bridged[(group_id, member_id)].session_timeout_ms
-        return TimerSet((SESSION_TIMER, group_id, member_id), now_ms + timeout_ms)
+        bridged = self.store.bridged.get((group_id, member_id))
+        if bridged is None:
+            return []
+        return [TimerSet((SESSION_TIMER, group_id, member_id),
+                         now_ms + bridged.session_timeout_ms)]
 
     def on_join_wait_timer(self, group_id: str, member_id: str, now_ms: int) -> Result[None]:
         """A held JoinGroup waited as long as it may: the round goes on with the members
@@ -537,6 +541,7 @@ class ClassicBridge:
                 return _merge(results, SyncAnswer(ErrorCode.REBALANCE_IN_PROGRESS))
             # The assignment is in: the SyncGroups that waited for it are answered with it.
             results.extend(self._release_parked(request.group_id, now_ms))
+            results.extend(self._maybe_release_joins(group, now_ms))  # (late rejoins)
             self._forget_round(request.group_id)
         else:
             wait_ms = self._sync_wait_ms(group, request.member_id, bridged)
@@ -547,7 +552,7 @@ class ClassicBridge:
                                  now_ms + wait_ms)
                 session = self._session_from_now(request.group_id, request.member_id, now_ms)
                 return Result(Parked((SYNC, request.group_id, request.member_id)),
-                              timers=[timer, session])
+                              timers=[timer, *session])
         answered = self._answer_sync(request.group_id, request.member_id, request.generation,
                                      now_ms)
         results.append(answered)
