@@ -367,3 +367,19 @@ class ConversionMachine(RuleBasedStateMachine):
 TestConversionMachine = ConversionMachine.TestCase
 TestConversionMachine.settings = settings(max_examples=60, stateful_step_count=50,
                                           deadline=None)
+
+
+def test_the_round_waits_for_members_that_release_units_before_it_is_computed() -> None:
+    """An example the machine found: a bridged round computed while a member was still
+    releasing units showed those units as held, each assignment moved what the last one
+    left behind, and the group never settled (the JoinGroup wait must count a member
+    that releases units as rejoined only once it comes back without them)."""
+    machine = ConversionMachine()
+    machine.classic_workers_first(rounds=4)
+    machine.classic_leaves(fail=False, name="c1")
+    machine.restart()
+    machine.classic_leaves(fail=False, name="c2")
+    machine.restart()
+    machine.classic_step(fail_at=0, lose_at=None, name="c1", pause=False)
+    machine.new_step(fail_at=None, lose_at=None, name="n1")
+    machine.teardown()  # raises when it does not converge

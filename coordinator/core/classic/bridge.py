@@ -344,16 +344,22 @@ class ClassicBridge:
         them with the install; and since each Connect worker times its heartbeats from
         its JoinGroup's answer, their heartbeats keep in step: the next rebalance is heard
         of by all at once (a leader bounce waits for one heartbeat, not for the later of
-        two drawn apart). Expected: the chosen worker (asked at its heartbeat) and every
-        member a heartbeat tells to rejoin while the chosen worker computes (`_may_wait`:
-        not one that must release units first, whose JoinGroup is not held either)."""
+        two drawn apart). Expected: every bridged member, each told at its heartbeat to
+        rejoin. One that must release units is not held (it is told so at once, revoke
+        before assign), and counts as rejoined only when it comes back having released
+        them, as on a broker: the assignment is then computed from what members hold, not
+        from units still on their way out (computed from those, each assignment would
+        move what the last one left behind, round after round)."""
         group_id = group.group_id
         if not self._install_awaited(group):
             return None
+        member = group.members.get(member_id)
+        if member is None or member.current.state is MemberState.UNREVOKED:
+            return None
         self._rejoined.setdefault(group_id, set()).add(member_id)
         wait_ms = min(self.core.config.classic_join_wait_ms, session_ms // 2)
-        if wait_ms <= 0 or not (group.chosen_member == member_id
-                                or self._may_wait(group, member_id)):
+        # (without the SyncGroup wait the others are not told to rejoin while it computes)
+        if wait_ms <= 0 or self.core.config.classic_sync_wait_ms <= 0:
             return None
         awaited = self._awaited.get(group_id)
         if awaited is None:
@@ -370,15 +376,16 @@ class ClassicBridge:
         # (a member whose SyncGroup waits cannot rejoin before it is answered)
         done = self._rejoined.get(group_id, set()) | set(self._parked.get(group_id, ()))
         return {member_id for member_id in group.members
-                if member_id not in done and (group_id, member_id) in self.store.bridged
-                and (member_id == group.chosen_member or self._may_wait(group, member_id))}
+                if member_id not in done and (group_id, member_id) in self.store.bridged}
 
     def _still_awaited(self, group: Any, awaited: set[str]) -> bool:
         """Whether a member the round waits for has not rejoined yet; the ones that have,
         or went, are crossed off (the first still awaited ends the look: O(1) a call)."""
         rejoined = self._rejoined.get(group.group_id, set())
+        parked = self._parked.get(group.group_id, {})  # (answered by the install)
         for member_id in list(awaited):
             if member_id in group.members and member_id not in rejoined \
+                    and member_id not in parked \
                     and (group.group_id, member_id) in self.store.bridged:
                 return True
             awaited.discard(member_id)
