@@ -817,12 +817,17 @@ class GroupCoordinator:
             )
 
     def _second_round(self, group: Group, released: frozenset[Unit], change: _Change) -> None:
-        """A group that takes its units from its installs knows a unit only while a target
-        names it or a member holds it. Connect's own (classic) leader revokes a unit in
-        one round and hands it out in the next, which the revoking worker's rejoin starts;
-        a new-protocol member does not rejoin, so its release of units nobody's target
-        names starts that round (the group epoch rises), before they are forgotten."""
-        if not released or group.units_source != "installs":
+        """Connect's own (classic) leader revokes a unit in one round and hands it out in
+        the next, which the revoking worker's rejoin starts; a new-protocol member does not
+        rejoin, so its release of units nobody's target names starts that round (the group
+        epoch rises). Needed wherever a worker computes the assignment (no one else would
+        hand those units out), and in a group that takes its units from its installs,
+        which knows a unit only while a target names it or a member holds it."""
+        if not released:
+            return
+        if group.units_source != "installs" and (
+                self._group_mode(group)[0] != CLIENT_MODE
+                or group.epoch > group.assignment_epoch):  # (the pending round hands them out)
             return
         for part in group.target.values():
             released -= part.units
@@ -1484,7 +1489,22 @@ class GroupCoordinator:
         group.prepared = None
         group.compute_requested_ms = None
         change.timers.append(TimerCancel(_timer(ASSIGNOR_TIMER, group.group_id)))
+        if error == 0 and prepared.held:
+            self._orphans_round(group, parts, prepared, change)
         self._maybe_new_target(group, change, now_ms)
+
+    def _orphans_round(self, group: Group, parts: Mapping[str, TargetPart],
+                       prepared: PreparedAssignment, change: _Change) -> None:
+        """Units the worker was shown held it hands to nobody, to hand out once released
+        (Connect revokes in one round, assigns in the next). Released since Prepare, no
+        one's release or rejoin is left to start that next round: it starts now."""
+        orphans = frozenset().union(*prepared.held.values())
+        for part in parts.values():
+            orphans -= part.units
+        for member in group.members.values():
+            orphans -= member.current.held
+        if orphans:
+            self._bump(group, change, trigger=TRIGGER_UNITS_RELEASED)
 
     def _maybe_downgrade(self, change: _Change, now_ms: int) -> None:
         """After a change in which new-protocol members left: a group left with only

@@ -383,3 +383,27 @@ def test_the_round_waits_for_members_that_release_units_before_it_is_computed() 
     machine.classic_step(fail_at=0, lose_at=None, name="c1", pause=False)
     machine.new_step(fail_at=None, lose_at=None, name="n1")
     machine.teardown()  # raises when it does not converge
+
+
+def test_units_released_after_the_leader_saw_them_held_are_handed_out() -> None:
+    """An example the machine found: the bridged leader was shown a new-protocol member
+    holding units its last assignment took from it; the member released them before the
+    install, which handed them to nobody (Connect hands out what it revokes a round
+    later), and no rejoin was left to start that round: they stayed unassigned."""
+    machine = ConversionMachine()
+    machine.classic_workers_first(rounds=4)
+    machine.classic_step(fail_at=None, lose_at=0, name="c1", pause=True)
+    for _ in range(10):
+        machine.restart()
+    machine.classic_leaves(fail=False, name="c1")
+    for _ in range(25):
+        machine.restart()
+    machine.new_step(fail_at=None, lose_at=None, name="n1")
+    for _ in range(6):
+        machine.restart()
+    machine.classic_leaves(fail=False, name="c3")
+    machine.restart()
+    machine.restart()
+    machine.classic_step(fail_at=None, lose_at=None, name="c2", pause=False)
+    machine.restart()
+    machine.teardown()  # raises when it does not converge
