@@ -62,7 +62,8 @@ FLUSH_BYTES = 1_048_576  # forwarded requests are sent upstream at least this of
 SEND_BUFFERS = 512  # buffers per `sendmsg` (Linux takes at most 1024)
 PIPE_BYTES = 1_048_576  # asked of the kernel for a relay's pipe (it may give less)
 SPLICE = hasattr(os, "splice")  # Linux: large answers cross inside the kernel (`_Pipe`)
-# While no upstream answers the start-up probe, it tries again after these pauses (doubling).
+# While no upstream answers the start-up probe, it tries again after these pauses (doubling);
+# a broker's preferred port found taken is tried again after the same pauses.
 PROBE_FIRST_PAUSE_S = 0.5
 PROBE_LONGEST_PAUSE_S = 10.0
 
@@ -481,14 +482,18 @@ class ProxyServer:
                 raise UpstreamClosed("the proxy is shutting down")
             preferred = self.bootstrap_port + 1 + node
             listeners: list[trio.SocketListener] = []
-            if self.bootstrap_port and 0 <= node and preferred <= 65535:
+            has_preferred = bool(self.bootstrap_port) and 0 <= node and preferred <= 65535
+            if has_preferred:
                 try:
                     listeners = await trio.open_tcp_listeners(preferred, host=self.listen_host)
                 except OSError as error:
                     log.warning("proxy_node_port_taken", node_id=node, port=preferred,
-                                error=str(error))
+                                error=str(error), hint="a free port serves meanwhile; "
+                                "the preferred one is tried again")
             if not listeners:
                 listeners = await trio.open_tcp_listeners(0, host=self.listen_host)
+                if has_preferred:
+                    self._accept_nursery.start_soon(self._claim_preferred_port, node, preferred)
             port = int(listeners[0].socket.getsockname()[1])
             self.node_ports[node] = port
             for listener in listeners:
@@ -496,6 +501,30 @@ class ProxyServer:
             log.info("proxy_node_listener", node_id=node,
                      listen=f"{self.advertised_host}:{port}",
                      upstream=f"{endpoint.host}:{endpoint.port}")
+
+    async def _claim_preferred_port(self, node: int, preferred: int) -> None:
+        """Bind a broker's preferred port once whoever held it lets go. A client that knew
+        the broker by that port before a restart finds it again; the free port given
+        meanwhile keeps serving the clients that learned it, and Metadata names the
+        preferred port from then on."""
+        pause_s = PROBE_FIRST_PAUSE_S
+        while True:
+            await trio.sleep(pause_s)
+            pause_s = min(pause_s * 2, PROBE_LONGEST_PAUSE_S)
+            async with self._bind_lock:
+                if self._accept_nursery is None:
+                    return
+                try:
+                    listeners = await trio.open_tcp_listeners(preferred, host=self.listen_host)
+                except OSError:
+                    continue
+                for listener in listeners:
+                    self._accept_nursery.start_soon(self._accept, listener, node)
+                self.node_ports[node] = preferred
+            log.info("proxy_node_listener", node_id=node,
+                     listen=f"{self.advertised_host}:{preferred}",
+                     upstream="{}:{}".format(*self.node_addresses[node]), preferred=True)
+            return
 
     async def learn_nodes(self) -> bool:
         """Ask an upstream bootstrap address for its brokers (Metadata with no topics) and

@@ -346,3 +346,53 @@ async def test_a_brokers_port_opens_once_the_upstream_answers_without_a_client(
     assert broker.requests and all(wire.peek(frame[4:]).api_key == wire.METADATA
                                    for frame in broker.requests)  # the probe's only
     handle.stop()
+
+
+async def advertised_port(kafka_port: int, correlation: int) -> int:
+    """The port a Metadata request on the bootstrap port names for node 1."""
+    metadata = wire.encode_request(wire.METADATA, 12, correlation, MetadataRequest(
+        topics=None, allow_auto_topic_creation=False,
+        include_topic_authorized_operations=False), client_id="test-client")
+    async with await trio.open_tcp_stream("127.0.0.1", kafka_port) as client:
+        await client.send_all(metadata)
+        [answer] = await read_answers(client, 1)
+    _, body = wire.decode_response(answer[4:], wire.METADATA, 12)
+    [broker] = body.brokers
+    return int(broker.port)
+
+
+async def test_a_brokers_preferred_port_taken_at_start_is_claimed_once_let_go(
+        nursery: trio.Nursery, upstream: ScriptedBroker) -> None:
+    """Another socket holds node 1's preferred port (bootstrap + 1 + 1) as the proxy starts,
+    as it may after a restart: a free port serves meanwhile, and the preferred one is bound
+    as soon as it is let go, with no client's help (its clients from before the restart
+    know only that one); Metadata names it from then on, and the free port keeps serving
+    the clients that learned it."""
+    for _attempt in range(20):  # a bootstrap port whose node 1 port can be held
+        with socket.socket() as reserve:
+            reserve.bind(("127.0.0.1", 0))
+            bootstrap_port = reserve.getsockname()[1]
+        holder = socket.socket()
+        try:
+            holder.bind(("127.0.0.1", bootstrap_port + 2))
+            break
+        except OSError:
+            holder.close()
+    holder.listen()
+    config = ServerConfig(assignor_offload_enable=False, shutdown_timeout_ms=2_000,
+                          proxy_upstream=(f"127.0.0.1:{upstream.port}",),
+                          proxy_groups="owned-.*")
+    handle: ServerHandle = await nursery.start(
+        run_server, config, ("127.0.0.1", bootstrap_port), ("127.0.0.1", 0))
+    fallback = await advertised_port(handle.kafka_port, 1)
+    assert fallback != bootstrap_port + 2
+    holder.close()
+    with trio.fail_after(5):
+        while await advertised_port(handle.kafka_port, 2) != bootstrap_port + 2:
+            await trio.sleep(0.05)
+    for port in (bootstrap_port + 2, fallback):
+        async with await trio.open_tcp_stream("127.0.0.1", port) as node_client:
+            request = passthrough_request(FETCH, 3, port.to_bytes(4, "big"))
+            await node_client.send_all(request)
+            assert await read_answers(node_client, 1) == [scripted_answer(request, 64)]
+    handle.stop()
