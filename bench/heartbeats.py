@@ -78,6 +78,7 @@ import math
 import os
 import random
 import re
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -93,10 +94,12 @@ from typing import Any
 
 import h11
 import trio
+from kio.schema.api_versions.v0 import ApiVersionsRequest as ApiVersionsRequestV0
 
 from coordinator.cli import module_command
 from coordinator.client import KafkaClient
 from protocol.errors import ErrorCode, error_name
+from protocol.framing import API_VERSIONS
 from protocol.messages import ConnectGroupDescribeRequest, ConnectGroupHeartbeatRequest
 
 PROG = "connect-coordinator bench heartbeats"
@@ -646,7 +649,8 @@ async def coordinator(args: argparse.Namespace) -> AsyncIterator[Target]:
         async with _in_process(args) as target:
             yield target
     else:
-        async with _subprocess(args) as target:
+        launcher = shlex.split(args.server_command) if args.server_command else None
+        async with _subprocess(args, launcher) as target:
             yield target
 
 
@@ -812,9 +816,18 @@ def _heartbeat_groups(args: argparse.Namespace) -> list[str]:
 
 
 async def _describe(target: Target, groups: Sequence[str]) -> Any:
+    """Describe at the newest version both sides know: version 1 describes classic groups
+    too; an older coordinator (`--server-command`) knows only version 0, which has every
+    field the bench reads of a connect group."""
     async with await KafkaClient.connect(target.host, target.port) as client:
+        versions = await client.request(API_VERSIONS, ApiVersionsRequestV0(), api_version=0)
+        newest = max((entry.max_version for entry in versions.api_keys
+                      if entry.api_key == DESCRIBE), default=None)
+        if newest is None:
+            raise BenchError("the coordinator does not list ConnectGroupDescribe in its "
+                             "ApiVersions")
         return await client.request(DESCRIBE, ConnectGroupDescribeRequest(group_ids=tuple(groups)),
-                                    api_version=1)
+                                    api_version=min(newest, 1))
 
 
 def _unsettled(described: Any, members: int) -> list[str]:
@@ -1353,7 +1366,9 @@ def _result(args: argparse.Namespace, measured: Measured, report: dict[str, Any]
 def _config(args: argparse.Namespace) -> dict[str, Any]:
     config: dict[str, Any] = {
         "coordinator": ("bootstrap " + args.bootstrap if args.bootstrap
-                        else "in-process" if args.in_process else "subprocess"),
+                        else "in-process" if args.in_process
+                        else f"subprocess: {args.server_command}" if args.server_command
+                        else "subprocess"),
         "log": ("unknown" if args.bootstrap else "none (in memory)"
                 if args.in_memory or args.in_process else "durable"),
         "processes": args.processes,
@@ -1398,6 +1413,12 @@ def build_parser() -> argparse.ArgumentParser:
                             "subprocess, so client and server CPU stay apart)")
     where.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                        help="server config for the coordinator the bench starts (repeatable)")
+    where.add_argument("--server-command", metavar="COMMAND",
+                       help="what runs `serve ...` for the coordinator the bench starts, "
+                            "split as a shell would (e.g. another checkout's "
+                            "`.venv/bin/connect-coordinator`): compares two versions of the "
+                            "server under the same load and report (default: this "
+                            "interpreter's `-m coordinator.cli`)")
     load = parser.add_argument_group("heartbeat load")
     load.add_argument("--group", default="bench", help="group id prefix (default %(default)s)")
     load.add_argument("--processes", type=int, default=2,
@@ -1542,6 +1563,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                      "must be >= 1")
     if args.bootstrap and not args.admin:
         parser.error("--bootstrap needs --admin (connectors are created through it)")
+    if args.server_command is not None and (args.bootstrap or args.in_process):
+        parser.error("--server-command starts the coordinator: not with --bootstrap or "
+                     "--in-process")
+    if args.server_command is not None and not shlex.split(args.server_command):
+        parser.error("--server-command is empty")
     if args.assignor_load and args.assignor_windows != "continuous":
         if args.in_flight_put_interval_ms < 1:
             parser.error("--in-flight-put-interval-ms must be >= 1")

@@ -10,6 +10,7 @@ import functools
 import json
 import logging
 import math
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -194,7 +195,29 @@ def test_in_flight_heartbeats_are_told_by_when_in_the_flight_they_were_sent() ->
     }
 
 
+def test_a_server_command_runs_the_coordinator_the_bench_starts(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Another checkout's `connect-coordinator` runs under the same load and report: here a
+    wrapper that leaves a mark and then runs this one's."""
+    mark = tmp_path / "started"
+    wrapper = tmp_path / "other-checkout-coordinator"
+    wrapper.write_text(f"#!/bin/sh\necho \"$@\" > {mark}\n"
+                       f"exec {sys.executable} -m coordinator.cli \"$@\"\n")
+    wrapper.chmod(0o755)
+    code, report = run_cli([*TINY, "--server-command", str(wrapper)], capsys)
+    assert code == 0
+    check_figures(report)
+    assert mark.read_text().startswith("serve --listen 127.0.0.1:0")
+    assert report["coordinator"] == f"subprocess: {wrapper}"
+
+
 def test_options_are_checked(capsys: pytest.CaptureFixture[str]) -> None:
+    for server_command_misuse in (["--server-command", " "],
+                                  ["--server-command", "x", "--in-process"],
+                                  ["--server-command", "x", "--bootstrap", "127.0.0.1:1",
+                                   "--admin", "http://127.0.0.1:2"]):
+        with pytest.raises(SystemExit):
+            cli.main(["bench", "heartbeats", *server_command_misuse])
     with pytest.raises(SystemExit):
         cli.main(["bench", "heartbeats", "--processes", "0"])
     with pytest.raises(SystemExit):
