@@ -196,7 +196,9 @@ class LogReplayer:
         finally:
             if self.freeze_loaded:
                 gc.freeze()
-                log.info("gc_frozen", objects=gc.get_freeze_count())
+                # Without a count: `gc.get_freeze_count` walks every frozen object (about
+                # 40 ms after loading 300,000 records, 4% of the load).
+                log.info("gc_frozen")
             if collecting and self.freeze_loaded:
                 gc.enable()
 
