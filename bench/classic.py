@@ -55,6 +55,7 @@ from bench.heartbeats import (
     _plan_workers,
     _wait_stable,
     _window,
+    add_server_command,
     admin,
     coordinator,
     run_reporting_errors,
@@ -367,6 +368,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("which", choices=("heartbeats", "join"))
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="server config for the coordinator the bench starts")
+    add_server_command(parser)
     parser.add_argument("--group", default="classic-bench")
     parser.add_argument("--processes", type=int, default=2, help="load processes")
     parser.add_argument("--rounds", type=int, default=3,

@@ -1396,6 +1396,15 @@ def _config(args: argparse.Namespace) -> dict[str, Any]:
 # ============================================================================ command line
 
 
+def add_server_command(group: argparse._ActionsContainer) -> None:
+    group.add_argument("--server-command", metavar="COMMAND",
+                       help="what runs `serve ...` for the coordinator the bench starts, "
+                            "split as a shell would (e.g. another checkout's "
+                            "`.venv/bin/connect-coordinator`): compares two versions of the "
+                            "server under the same load and report (default: this "
+                            "interpreter's `-m coordinator.cli`)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG, description="Stable-heartbeat throughput and latency over TCP, load from "
@@ -1413,12 +1422,7 @@ def build_parser() -> argparse.ArgumentParser:
                             "subprocess, so client and server CPU stay apart)")
     where.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                        help="server config for the coordinator the bench starts (repeatable)")
-    where.add_argument("--server-command", metavar="COMMAND",
-                       help="what runs `serve ...` for the coordinator the bench starts, "
-                            "split as a shell would (e.g. another checkout's "
-                            "`.venv/bin/connect-coordinator`): compares two versions of the "
-                            "server under the same load and report (default: this "
-                            "interpreter's `-m coordinator.cli`)")
+    add_server_command(where)
     load = parser.add_argument_group("heartbeat load")
     load.add_argument("--group", default="bench", help="group id prefix (default %(default)s)")
     load.add_argument("--processes", type=int, default=2,
