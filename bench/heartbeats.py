@@ -693,9 +693,13 @@ async def _subprocess(args: argparse.Namespace, launcher: list[str] | None = Non
             command += ["--set", item]
         log = ServerLog(Path(tmp) / "coordinator.log")
         with log.path.open("wb") as log_file:
-            process = await trio.lowlevel.open_process(command, stdin=subprocess.DEVNULL,
-                                                       stdout=subprocess.DEVNULL,
-                                                       stderr=log_file)
+            try:
+                process = await trio.lowlevel.open_process(command, stdin=subprocess.DEVNULL,
+                                                           stdout=subprocess.DEVNULL,
+                                                           stderr=log_file)
+            except OSError as error:  # a --server-command that is not there, say
+                raise BenchError(f"cannot start the coordinator ({shlex.join(command[:1])}): "
+                                 f"{error.strerror or error}") from error
         try:
             await log.wait_ready(process, 60)
             if log.target is None:

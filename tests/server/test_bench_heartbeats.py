@@ -211,6 +211,16 @@ def test_a_server_command_runs_the_coordinator_the_bench_starts(
     assert report["coordinator"] == f"subprocess: {wrapper}"
 
 
+def test_a_server_command_that_cannot_start_is_one_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    missing = tmp_path / "no-such-coordinator"
+    assert cli.main([*TINY, "--server-command", str(missing)]) == 1
+    error = capsys.readouterr().err
+    assert error.strip().splitlines() == [
+        f"connect-coordinator bench heartbeats: cannot start the coordinator ({missing}): "
+        "No such file or directory"]
+
+
 def test_options_are_checked(capsys: pytest.CaptureFixture[str]) -> None:
     for server_command_misuse in (["--server-command", " "],
                                   ["--server-command", "x", "--in-process"],
