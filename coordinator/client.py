@@ -30,6 +30,10 @@ class KafkaClient:
                       ) -> KafkaClient:
         return cls(await trio.open_tcp_stream(host, port), client_id)
 
+    # Ctrl-C comes at a checkpoint, not between two bytecodes: there it could fall between
+    # making a lock's `__aexit__` coroutine and awaiting it ("was never awaited", a warning
+    # on the way out of a script stopped with Ctrl-C).
+    @trio.lowlevel.enable_ki_protection
     async def request(self, api_key: int, body: Any, api_version: int = 0) -> Any:
         correlation = next(self._correlation)
         send, receive = trio.open_memory_channel[Any](1)
