@@ -649,8 +649,7 @@ async def coordinator(args: argparse.Namespace) -> AsyncIterator[Target]:
         async with _in_process(args) as target:
             yield target
     else:
-        launcher = shlex.split(args.server_command) if args.server_command else None
-        async with _subprocess(args, launcher) as target:
+        async with _subprocess(args, args.server_command) as target:
             yield target
 
 
@@ -1371,7 +1370,8 @@ def _config(args: argparse.Namespace) -> dict[str, Any]:
     config: dict[str, Any] = {
         "coordinator": ("bootstrap " + args.bootstrap if args.bootstrap
                         else "in-process" if args.in_process
-                        else f"subprocess: {args.server_command}" if args.server_command
+                        else f"subprocess: {shlex.join(args.server_command)}"
+                        if args.server_command
                         else "subprocess"),
         "log": ("unknown" if args.bootstrap else "none (in memory)"
                 if args.in_memory or args.in_process else "durable"),
@@ -1400,8 +1400,16 @@ def _config(args: argparse.Namespace) -> dict[str, Any]:
 # ============================================================================ command line
 
 
+def _command(text: str) -> list[str]:
+    """A command line split as a shell would; an empty one is refused."""
+    words = shlex.split(text)
+    if not words:
+        raise argparse.ArgumentTypeError("empty command")
+    return words
+
+
 def add_server_command(group: argparse._ActionsContainer) -> None:
-    group.add_argument("--server-command", metavar="COMMAND",
+    group.add_argument("--server-command", metavar="COMMAND", type=_command,
                        help="what runs `serve ...` for the coordinator the bench starts, "
                             "split as a shell would (e.g. another checkout's "
                             "`.venv/bin/connect-coordinator`): compares two versions of the "
@@ -1574,8 +1582,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.server_command is not None and (args.bootstrap or args.in_process):
         parser.error("--server-command starts the coordinator: not with --bootstrap or "
                      "--in-process")
-    if args.server_command is not None and not shlex.split(args.server_command):
-        parser.error("--server-command is empty")
     if args.assignor_load and args.assignor_windows != "continuous":
         if args.in_flight_put_interval_ms < 1:
             parser.error("--in-flight-put-interval-ms must be >= 1")
