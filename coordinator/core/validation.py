@@ -201,13 +201,25 @@ def check_group_units(connectors: Mapping[str, int], connector: str, tasks: int,
     """Setting `connector` to `tasks` tasks keeps the group within `maximum` units (a
     connector is one unit, each of its tasks another), and keeps the list of them small
     enough to go out in one frame (a member may be given all of them in one answer)."""
-    changed = dict(connectors)
-    changed[connector] = tasks
-    total = sum(1 + count for count in changed.values())
+    # Every put runs this on the event loop, so it stays in C-level built-ins (sum, max,
+    # map) where it can: a put on a group of 1,000 connectors spent 0.2 ms here walking
+    # every connector in Python.
+    before = connectors.get(connector)
+    total = len(connectors) + sum(connectors.values()) + 1 + tasks
+    if before is not None:
+        total -= 1 + before
     if total > maximum:
         raise invalid(f"the group would run {total} connectors and tasks, above its limit "
                       f"of {maximum} (group.connect.max.units)")
-    # a task in an answer: its connector's name with its length, an int32, tagged fields
+    # a task in an answer: its connector's name with its length, an int32, tagged fields.
+    # With ASCII names (a byte a character), no list is longer than every unit under the
+    # longest name: below that bound the exact sum is not needed.
+    longest = max(len(connector), max(map(len, connectors), default=0))
+    if connector.isascii() and all(map(str.isascii, connectors)) \
+            and total * (longest + 6) <= max_frame_bytes:
+        return
+    changed = dict(connectors)
+    changed[connector] = tasks
     encoded = sum((len(name.encode()) + 6) * (1 + count) for name, count in changed.items())
     if encoded > max_frame_bytes:
         raise invalid(f"the group's connectors and tasks would take {encoded} bytes to "
