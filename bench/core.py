@@ -11,8 +11,8 @@ answer, i.e. what the event loop spends on it before and after the group commit.
 
 `--pool-run` times an offloaded `balanced` run of a stable group with a connector per member
 (as the heartbeat benchmark's big group) after one task is added, step by step, in this
-process and with the collector off, as in `serve` and its pool: packing the spec (event
-loop), told against the group's previous run and whole, the bytes that travel to the pool
+process and with the collector off, as in `serve` and its pool: the put itself (the core's
+step, event loop), packing the spec (event loop), told against the group's previous run and whole, the bytes that travel to the pool
 either way, the pool process's work (`run_packed`) when it did the group's previous run and
 still holds its spec ("warm") and when it holds nothing ("cold": the run packed whole), and
 the landing (`complete_assignor_run`, event loop). Median over rounds.
@@ -153,12 +153,14 @@ def _measure_pool_run(core: GroupCoordinator, now: int, tasks_per_member: int, r
     assignor = core.assignors["balanced"]
     packer = transport.SpecPacker()
     costs: dict[str, list[float]] = {key: [] for key in (
-        "pack_ms", "pack_whole_ms", "sent_kb", "sent_cold_kb", "pool_warm_ms", "pool_cold_ms",
-        "landing_ms")}
+        "put_ms", "pack_ms", "pack_whole_ms", "sent_kb", "sent_cold_kb", "pool_warm_ms",
+        "pool_cold_ms", "landing_ms")}
     for round_index in range(rounds + 1):  # the first one fills the packer: not counted
         tasks += 1
         now += 1_000
+        started = time.perf_counter()
         (run,) = core.put_connector(GROUP, "connector-0", tasks, now).jobs
+        putting = time.perf_counter() - started
         started = time.perf_counter()
         packed = packer.pack(assignor, run.spec, changes=run.changes)
         packing = time.perf_counter() - started
@@ -188,7 +190,8 @@ def _measure_pool_run(core: GroupCoordinator, now: int, tasks_per_member: int, r
             raise RuntimeError("the run did not land as a new target")
         if round_index == 0:
             continue
-        for key, value in (("pack_ms", packing * 1e3), ("pack_whole_ms", packing_whole * 1e3),
+        for key, value in (("put_ms", putting * 1e3), ("pack_ms", packing * 1e3),
+                           ("pack_whole_ms", packing_whole * 1e3),
                            ("sent_kb", len(sent) / 1e3),
                            ("sent_cold_kb", len(complete) / 1e3),
                            ("pool_warm_ms", warm * 1e3), ("pool_cold_ms", cold * 1e3),
@@ -211,8 +214,9 @@ def _epoch_bump_line(row: dict[str, Any]) -> str:
 
 
 def _pool_run_line(row: dict[str, Any]) -> str:
-    return (f"{row['members']:>6} members x {row['tasks_per_member']} tasks: pack "
-            f"{row['pack_ms']} ms ({row['pack_whole_ms']} ms whole), {row['sent_kb']} kB sent "
+    return (f"{row['members']:>6} members x {row['tasks_per_member']} tasks: put "
+            f"{row['put_ms']} ms, pack {row['pack_ms']} ms ({row['pack_whole_ms']} ms whole), "
+            f"{row['sent_kb']} kB sent "
             f"({row['sent_cold_kb']} kB whole), "
             f"pool {row['pool_warm_ms']} ms ({row['pool_cold_ms']} ms cold), landing "
             f"{row['landing_ms']} ms")

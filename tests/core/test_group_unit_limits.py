@@ -41,7 +41,7 @@ def refusal(connectors: Mapping[str, int], connector: str, tasks: int, maximum: 
     return None
 
 
-names = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=1,
+names = st.text(st.characters(codec="utf-8"), min_size=1,
                 max_size=12)
 
 
