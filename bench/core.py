@@ -12,9 +12,10 @@ answer, i.e. what the event loop spends on it before and after the group commit.
 `--pool-run` times an offloaded `balanced` run of a stable group with a connector per member
 (as the heartbeat benchmark's big group) after one task is added, step by step, in this
 process and with the collector off, as in `serve` and its pool: the put itself (the core's
-step, event loop), packing the spec (event loop), told against the group's previous run and whole, the bytes that travel to the pool
-either way, the pool process's work (`run_packed`) when it did the group's previous run and
-still holds its spec ("warm") and when it holds nothing ("cold": the run packed whole), and
+step, event loop), packing the spec (event loop), told against the group's previous run and
+whole, the bytes that travel to the pool either way, the pool process's work (`run_packed`)
+when it did the group's previous run and still holds its spec ("warm") and when it holds
+nothing ("cold": the run packed whole), and
 the landing (`complete_assignor_run`, event loop). Median over rounds.
 """
 
