@@ -202,8 +202,8 @@ def check_group_units(connectors: Mapping[str, int], connector: str, tasks: int,
     connector is one unit, each of its tasks another), and keeps the list of them small
     enough to go out in one frame (a member may be given all of them in one answer)."""
     # Every put runs this on the event loop, so it stays in C-level built-ins (sum, max,
-    # map) where it can: a put on a group of 1,000 connectors spent 0.2 ms here walking
-    # every connector in Python.
+    # map) where it can: walking every connector in Python made a put on a group of 1,000
+    # connectors take 0.44 ms instead of 0.30 (`bench core --pool-run`).
     before = connectors.get(connector)
     total = len(connectors) + sum(connectors.values()) + 1 + tasks
     if before is not None:
