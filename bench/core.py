@@ -15,8 +15,8 @@ process and with the collector off, as in `serve` and its pool: the put itself (
 step, event loop), packing the spec (event loop), told against the group's previous run and
 whole, the bytes that travel to the pool either way, the pool process's work (`run_packed`)
 when it did the group's previous run and still holds its spec ("warm") and when it holds
-nothing ("cold": the run packed whole), and
-the landing (`complete_assignor_run`, event loop). Median over rounds.
+nothing ("cold": the run packed whole), and the landing (`complete_assignor_run`, event
+loop). Median over rounds.
 """
 
 from __future__ import annotations

@@ -41,8 +41,7 @@ def refusal(connectors: Mapping[str, int], connector: str, tasks: int, maximum: 
     return None
 
 
-names = st.text(st.characters(codec="utf-8"), min_size=1,
-                max_size=12)
+names = st.text(st.characters(codec="utf-8"), min_size=1, max_size=12)
 
 
 @settings(max_examples=400, deadline=None)
