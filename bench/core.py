@@ -170,9 +170,10 @@ def _measure_pool_run(core: GroupCoordinator, now: int, tasks_per_member: int, r
         outcome = transport.run_packed(pickle.loads(sent))  # the worker of the last run
         warm = time.perf_counter() - started
         # The same run for a pool process that holds nothing of the group: packed whole.
-        # (That worker is the one the next round's run is told against.)
+        # (That worker is the one the next round's run is told against. Told the changes,
+        # as `serve` tells them, so that the next told pack goes by versions as there.)
         started = time.perf_counter()
-        whole = packer.pack(assignor, run.spec, whole=True)
+        whole = packer.pack(assignor, run.spec, whole=True, changes=run.changes)
         packing_whole = time.perf_counter() - started
         complete = pickle.dumps(whole, transport.PROTOCOL)
         transport._RESIDENT.pop(packer.token)

@@ -48,6 +48,29 @@ def test_a_pool_run_sends_less_to_a_pool_process_that_did_the_last_run() -> None
                                         "pool_warm_ms", "pool_cold_ms", "landing_ms"))
 
 
+def test_a_pool_runs_told_pack_goes_by_versions_as_in_serve(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # `serve` tells every pack what changed, the whole ones too, so a told pack finds the
+    # keys to look at from the versions instead of going over the group. The bench's told
+    # pack must take that path, or its "pack" column times a path `serve` does not take.
+    from coordinator.assignors import transport
+
+    by_version: list[bool] = []
+    compare = transport._differences
+
+    def watched(now, last, last_version, change, by_value=False):  # type: ignore[no-untyped-def]
+        by_version.append(change is not None and last_version is not None
+                          and change.base == last_version)
+        return compare(now, last, last_version, change, by_value)
+
+    monkeypatch.setattr(transport, "_differences", watched)
+    core_bench.measure_pool_run(members=8, tasks_per_member=40, rounds=2)
+    # Three mappings (members, previous target, connectors) per told pack: the second and
+    # third of the three (the first has nothing to be told against).
+    assert len(by_version) == 3 * 2
+    assert all(by_version)
+
+
 def test_pool_run_prints_a_line_per_group_size(capsys: pytest.CaptureFixture[str]) -> None:
     assert core_bench.main(["--pool-run", "--members", "3", "--tasks-per-member", "20",
                        "--rounds", "1"]) == 0
