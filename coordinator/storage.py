@@ -16,13 +16,15 @@ from __future__ import annotations
 
 import gc
 import os
+import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
 from itertools import islice
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import structlog
 import trio
@@ -65,10 +67,50 @@ class _QueuedWrite:
     error: BaseException | None = None
 
 
+T = TypeVar("T")
+
+
+class FlushThread:
+    """The one thread the log's flushes run in. trio hands its worker threads to whoever
+    asks next, so whatever `thread_init` sets for the thread (`serve` lowers its priority)
+    would otherwise end up on every later `trio.to_thread` user too."""
+
+    def __init__(self, thread_init: Callable[[], object] | None = None) -> None:
+        self._thread_init = thread_init
+        self.native_id: int | None = None  # once started (for tests and diagnostics)
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="log-flush",
+                                            initializer=self._started)
+
+    def _started(self) -> None:
+        self.native_id = threading.get_native_id()
+        if self._thread_init is not None:
+            self._thread_init()
+
+    async def run_sync(self, fn: Callable[..., T], *args: object) -> T:
+        """`fn(*args)` in the thread. As with `trio.to_thread.run_sync`, a cancellation
+        counts only before the call starts: once it runs, the caller gets its outcome."""
+        await trio.lowlevel.checkpoint_if_cancelled()
+        token = trio.lowlevel.current_trio_token()
+        done = trio.Event()
+        future = self._executor.submit(fn, *args)
+        future.add_done_callback(lambda _: token.run_sync_soon(done.set))
+        with trio.CancelScope(shield=True):
+            await done.wait()
+        return future.result()
+
+    def close(self) -> None:
+        """Let the thread end (nothing runs in it by then: every call is awaited)."""
+        self._executor.shutdown(wait=False)
+
+
 class LogSink:
     def __init__(self, writer: LogWriter | None, now_ms: Callable[[], int],
-                 metrics: Metrics | None = None) -> None:
+                 metrics: Metrics | None = None,
+                 flush_thread_init: Callable[[], object] | None = None) -> None:
+        """`flush_thread_init` runs in the flush thread as it starts (`serve` lowers the
+        thread's priority with it)."""
         self.writer = writer  # set by LogReplayer once the log is loaded
+        self.flush_thread = FlushThread(flush_thread_init)
         self._now_ms = now_ms
         self.metrics = metrics  # log append and fsync seconds, observed per flush
         self._queue: list[_QueuedWrite] = []
@@ -112,12 +154,13 @@ class LogSink:
             self._queue = []
             if unwritten:
                 self._fail(unwritten, LogError("the log stopped before this change was written"))
+            self.flush_thread.close()
             self._stopped.set()
 
     async def _flush(self, batch: list[_QueuedWrite]) -> None:
         now_ms = self._now_ms()
         try:
-            await trio.to_thread.run_sync(self._append_and_sync, batch, now_ms)
+            await self.flush_thread.run_sync(self._append_and_sync, batch, now_ms)
         except (LogError, OSError) as error:
             self.failed_flushes += 1
             failed = batch + self._queue

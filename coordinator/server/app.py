@@ -27,6 +27,7 @@ from coordinator.proxy.server import ProxyServer
 from coordinator.proxy.wire import API_NAMES as PROXY_API_NAMES
 from coordinator.server.admin import build_admin_app
 from coordinator.server.kafka import KafkaServer
+from coordinator.server.priority import lower_this_thread
 from coordinator.server.runtime import Clock, RecordSink, Runtime
 from coordinator.storage import LogReplayer, LogSink, compact_periodically, ensure_data_dir
 
@@ -141,7 +142,9 @@ async def run_server(
     `tune_process`: the process is the coordinator's own (`serve`): the log's load may
     pause the cyclic collector and freeze what it loaded (`LogReplayer`), and once ready
     full collections become rare and the interpreter lock changes hands sooner
-    (`tune_serving_process`); library callers and tests leave their process alone.
+    (`tune_serving_process`); the assignor pool's processes and the log's flush thread run
+    at background priority (`coordinator.server.priority`). Library callers and tests leave
+    their process alone.
     """
     # Both listeners first: a port in use stops start-up at once, before the log loads.
     kafka_listeners = await open_kafka_listeners(listen)
@@ -163,11 +166,13 @@ async def run_server(
         log_sink: LogSink | None = None
         loader: LogReplayer | None = None
         if sink is None and data_dir is not None:
-            log_sink = LogSink(None, lambda: runtime.now_ms(), metrics)
+            log_sink = LogSink(None, lambda: runtime.now_ms(), metrics,
+                               flush_thread_init=lower_this_thread if tune_process else None)
             loader = LogReplayer(data_dir, config, log_sink, file_layer,
                                     freeze_loaded=tune_process)
             sink = log_sink
-        runtime = Runtime(core, config, sink, clock, loader=loader, metrics=metrics)
+        runtime = Runtime(core, config, sink, clock, loader=loader, metrics=metrics,
+                          background_priority=tune_process)
         if log_sink is not None:
             log_sink.on_failure = runtime.roll_back_writes
         kafka = KafkaServer(runtime)

@@ -35,6 +35,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Protocol, TypeVar
 
 import structlog
@@ -70,6 +71,7 @@ from coordinator.core.validation import (
 )
 from coordinator.metrics import Metrics
 from coordinator.server.classic import Waiters
+from coordinator.server.priority import lower_this_thread
 from protocol.errors import ApiError, ErrorCode
 from protocol.messages import (
     ConnectGroupDescribeResponse,
@@ -310,11 +312,14 @@ async def _pack(packer: SpecPacker, assignor: ServerAssignor, run: AssignorRun,
     raise AssertionError("pack_in_steps ends with the packed run")
 
 
-def init_pool_process() -> bool:
+def init_pool_process(background_priority: bool = False) -> bool:
     """Run in each assignor worker process as it starts (trio-parallel's `init`): no cyclic
-    collector, and courtesy pauses (`run_in_pool`) from a SIGALRM handler of its own."""
+    collector, courtesy pauses (`run_in_pool`) from a SIGALRM handler of its own, and with
+    `background_priority` (`serve`'s pool) a lower priority than the event loop's."""
     global _courtesy_pauses
     gc.disable()
+    if background_priority:
+        lower_this_thread()
     signal.signal(signal.SIGALRM, _take_a_pause)
     _courtesy_pauses = True
     return True
@@ -407,8 +412,12 @@ class Runtime:
         *,
         loader: LogLoader | None = None,
         metrics: Metrics | None = None,
+        background_priority: bool = False,
     ) -> None:
+        """`background_priority`: the assignor pool's processes run at a lower priority
+        than the event loop (`coordinator.server.priority`); `serve` sets it."""
         self.core = core
+        self.background_priority = background_priority
         self.config = config
         self.sink: RecordSink = sink if sink is not None else MemorySink(keep=False)
         self.clock: Clock = clock if clock is not None else TrioEpochClock()
@@ -451,7 +460,7 @@ class Runtime:
             self._pool = AssignorPool([
                 await contexts.enter_async_context(
                     trio_parallel.open_worker_context(
-                        init=init_pool_process))
+                        init=partial(init_pool_process, self.background_priority)))
                 for _ in range(self.config.background_threads)])
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery

@@ -177,3 +177,60 @@ def test_serve_tunes_its_own_process_once_ready(tune_process: bool) -> None:
         assert full == before[2]
         assert seen["frozen"] == 0
         assert seen["switch"] == switch_before
+
+
+def _own_priority() -> tuple[int, int]:
+    """The calling thread's scheduling policy and niceness."""
+    import os
+    import threading
+
+    thread = threading.get_native_id()
+    return os.sched_getscheduler(thread), os.getpriority(os.PRIO_PROCESS, thread)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="per-thread priorities are Linux's")
+@pytest.mark.parametrize("tune_process", [True, False])
+def test_serve_runs_its_pool_and_log_flushes_at_background_priority(
+        tmp_path: Path, tune_process: bool) -> None:
+    # What `serve` computes off the event loop (assignor runs, log flushes) yields the CPU
+    # to the loop; the loop itself, trio's shared worker threads and anyone else's process
+    # keep their priority.
+    import os
+
+    from coordinator.server.app import ServerHandle, run_server
+    from coordinator.server.priority import BACKGROUND_NICENESS
+
+    normal = (os.SCHED_OTHER, os.getpriority(os.PRIO_PROCESS, 0))
+    background = (os.SCHED_BATCH, min(19, normal[1] + BACKGROUND_NICENESS))
+    threshold, switch_interval = gc.get_threshold(), sys.getswitchinterval()
+    seen: dict[str, object] = {}
+
+    async def serve_and_look() -> None:
+        async with trio.open_nursery() as nursery:
+            handle: ServerHandle = await nursery.start(
+                partial(run_server, ServerConfig(), ("127.0.0.1", 0), ("127.0.0.1", 0),
+                        tmp_path / "log", tune_process=tune_process))
+            runtime = handle.runtime
+            await runtime.put_connector("g", "c", 2)  # a change, so a flush
+            sink = runtime.sink
+            assert sink.flushes >= 1  # type: ignore[attr-defined]
+            flush_thread = sink.flush_thread.native_id  # type: ignore[attr-defined]
+            seen["flush"] = (os.sched_getscheduler(flush_thread),
+                             os.getpriority(os.PRIO_PROCESS, flush_thread))
+            assert runtime._pool is not None
+            seen["pool"] = await runtime._pool._contexts[0].run_sync(_own_priority)
+            seen["loop"] = _own_priority()
+            seen["worker"] = await trio.to_thread.run_sync(_own_priority)
+            handle.stop()
+
+    try:
+        trio.run(serve_and_look)
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*threshold)
+        sys.setswitchinterval(switch_interval)
+    assert seen["loop"] == normal
+    assert seen["worker"] == normal
+    expected = background if tune_process else normal
+    assert seen["flush"] == expected
+    assert seen["pool"] == expected
