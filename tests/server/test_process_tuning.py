@@ -1,6 +1,7 @@
 """What `serve` sets for its own processes: the collector paused while the log loads and
 the loaded state frozen; assignor worker processes without the cyclic collector and with
-courtesy pauses while a run computes."""
+courtesy pauses while a run computes; the pool and the log's flush thread at background
+priority."""
 
 from __future__ import annotations
 
