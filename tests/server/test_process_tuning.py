@@ -6,7 +6,9 @@ priority."""
 from __future__ import annotations
 
 import gc
+import os
 import sys
+import threading
 import weakref
 from functools import partial
 from pathlib import Path
@@ -180,13 +182,14 @@ def test_serve_tunes_its_own_process_once_ready(tune_process: bool) -> None:
         assert seen["switch"] == switch_before
 
 
-def _own_priority() -> tuple[int, int]:
-    """The calling thread's scheduling policy and niceness."""
-    import os
-    import threading
-
-    thread = threading.get_native_id()
+def _priority_of(thread: int) -> tuple[int, int]:
+    """A thread's scheduling policy and niceness, by its native id."""
     return os.sched_getscheduler(thread), os.getpriority(os.PRIO_PROCESS, thread)
+
+
+def _own_priority() -> tuple[int, int]:
+    """The calling thread's (run in a pool process too)."""
+    return _priority_of(threading.get_native_id())
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="per-thread priorities are Linux's")
@@ -196,8 +199,6 @@ def test_serve_runs_its_pool_and_log_flushes_at_background_priority(
     # What `serve` computes off the event loop (assignor runs, log flushes) yields the CPU
     # to the loop; the loop itself, trio's shared worker threads and anyone else's process
     # keep their priority.
-    import os
-
     from coordinator.server.app import ServerHandle, run_server
     from coordinator.server.priority import BACKGROUND_NICENESS
 
@@ -215,9 +216,7 @@ def test_serve_runs_its_pool_and_log_flushes_at_background_priority(
             await runtime.put_connector("g", "c", 2)  # a change, so a flush
             sink = runtime.sink
             assert sink.flushes >= 1  # type: ignore[attr-defined]
-            flush_thread = sink.flush_thread.native_id  # type: ignore[attr-defined]
-            seen["flush"] = (os.sched_getscheduler(flush_thread),
-                             os.getpriority(os.PRIO_PROCESS, flush_thread))
+            seen["flush"] = _priority_of(sink.flush_thread.native_id)  # type: ignore[attr-defined]
             assert runtime._pool is not None
             seen["pool"] = await runtime._pool._contexts[0].run_sync(_own_priority)
             seen["loop"] = _own_priority()
