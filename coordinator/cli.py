@@ -22,7 +22,7 @@ commands:
   serve      run the coordinator (KRPC listener, admin HTTP API, durable log)
   describe   show groups, their epochs and members' assignments
   bench      benchmarks: codec | core | heartbeats | classic | assignor | install | log |
-             replay | hostile | proxy | bounce
+             replay | hostile | proxy | bounce; compare (an A/B's verdict from their JSON)
   log        log tools: check | dump | compact | snapshot
   simulate   fake Connect workers under chaos, checked for units run twice
   metrics    record /metrics scrapes (or a Prometheus range) as Parquet
@@ -116,6 +116,7 @@ BENCHES: dict[str, str] = {
     "hostile": "bench.hostile",
     "proxy": "bench.proxy",
     "bounce": "bench.bounce",
+    "compare": "bench.compare",
 }
 
 
