@@ -58,7 +58,8 @@ there first, instead of letting them write their records during the window) foll
   ratio that the run being in flight makes. `where_in_flight` sorts the in-flight ones by
   when in their run's flight they were sent (its first 2 ms, the pool computing, the last
   2 ms before the result is back on the event loop, the landing) and gives the share of
-  each slower than the baseline's p99 (1% in the baseline): where the run costs them.
+  each slower than the baseline's p99 (1% in the baseline) and each one's p99 in ms:
+  where the run costs them.
   It needs the coordinator's log or runtime, so not `--bootstrap`.
 
 The load processes collect garbage just before each window and not during it
@@ -1227,9 +1228,11 @@ def where_in_flight(windows: Sequence[Sequence[dict[str, Any]]],
     """The in-flight heartbeats by when in their run's flight they were sent: in the first
     2 ms after submission, in the last 2 ms before the result was back on the event loop,
     in between (the pool computing), or after it (the landing, until durable); with the
-    share of each slower than `slow_ms` (the baseline's p99: 1% there, by definition). A
-    heartbeat sent during two runs counts for the later one."""
+    share of each slower than `slow_ms` (the baseline's p99: 1% there, by definition) and
+    each one's own p99 (in milliseconds: unlike the share, it does not move with the
+    baseline). A heartbeat sent during two runs counts for the later one."""
     counts = {part: [0, 0] for part in FLIGHT_PARTS}  # part -> [heartbeats, slower]
+    latencies: dict[str, list[float]] = {part: [] for part in FLIGHT_PARTS}
     for window, window_runs in zip(windows, runs, strict=True):
         sent = sorted((at, latency) for part in window
                       for at, latency in zip(part.get("sent_s", ()), part["latencies_ms"],
@@ -1247,8 +1250,11 @@ def where_in_flight(windows: Sequence[Sequence[dict[str, Any]]],
         for index, part in where.items():
             counts[part][0] += 1
             counts[part][1] += sent[index][1] > slow_ms
+            latencies[part].append(sent[index][1])
     return {part: {"heartbeats": total,
-                   "slower_than_baseline_p99": round(slower / total, 4) if total else None}
+                   "slower_than_baseline_p99": round(slower / total, 4) if total else None,
+                   "p99_ms": (round(_percentile(sorted(latencies[part]), 0.99), 3)
+                              if total else None)}
             for part, (total, slower) in counts.items()}
 
 
@@ -1527,11 +1533,13 @@ def _print_text(result: dict[str, Any]) -> None:
             print(f"{key:>24}  {flight[key]}")
         where = flight.get("where_in_flight")
         if where is not None:
-            print("in flight, by when sent: heartbeats, share slower than the baseline's p99")
+            print("in flight, by when sent: heartbeats, share slower than the baseline's p99,"
+                  " p99 ms")
             for part, counted in where.items():
                 share = counted["slower_than_baseline_p99"]
                 print(f"{part:>24}  {counted['heartbeats']:>14}  "
-                      f"{'-' if share is None else f'{100 * share:.1f}%':>14}")
+                      f"{'-' if share is None else f'{100 * share:.1f}%':>14}  "
+                      f"{'-' if counted['p99_ms'] is None else counted['p99_ms']!s:>14}")
         window = flight["window"]
         for key in ("errors", "unstable", "unanswered", "load_cpu", "server_cpu",
                     "assignor_cpu", "machine_cpu"):

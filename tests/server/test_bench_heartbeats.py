@@ -188,10 +188,11 @@ def test_in_flight_heartbeats_are_told_by_when_in_the_flight_they_were_sent() ->
     baseline = [[{"latencies_ms": [1.0] * 100}]]
     where = in_flight_figures(baseline, [window], [runs], duration=2.0)["where_in_flight"]
     assert where == {
-        "first_2ms": {"heartbeats": 2, "slower_than_baseline_p99": 1.0},  # 0.5 ms; 100.0125
-        "computing": {"heartbeats": 3, "slower_than_baseline_p99": 0.3333},
-        "last_2ms": {"heartbeats": 1, "slower_than_baseline_p99": 1.0},
-        "landing": {"heartbeats": 1, "slower_than_baseline_p99": 0.0},
+        "first_2ms": {"heartbeats": 2, "slower_than_baseline_p99": 1.0,  # 0.5 ms; 100.0125
+                      "p99_ms": 9.0},
+        "computing": {"heartbeats": 3, "slower_than_baseline_p99": 0.3333, "p99_ms": 9.0},
+        "last_2ms": {"heartbeats": 1, "slower_than_baseline_p99": 1.0, "p99_ms": 9.0},
+        "landing": {"heartbeats": 1, "slower_than_baseline_p99": 0.0, "p99_ms": 1.0},
     }
 
 
