@@ -137,24 +137,21 @@ def compare_files(a_files: Sequence[Path], b_files: Sequence[Path],
                            "give them in pairs, in the order they ran")
     a_docs = [load(path) for path in a_files]
     b_docs = [load(path) for path in b_files]
-    if figures:
-        for path, document in zip([*a_files, *b_files], [*a_docs, *b_docs], strict=True):
-            for figure in figures:
-                if figure_of(document, figure) is None:
-                    raise CompareError(f"{path}: no number at {figure!r}")
-        chosen = list(figures)
-    else:
-        chosen = [figure for figure, _ in numeric_leaves(a_docs[0] if a_docs else {})
-                  if all(figure_of(document, figure) is not None
-                         for document in [*a_docs, *b_docs])]
-        if not chosen:
+    paths, documents = [*a_files, *b_files], [*a_docs, *b_docs]
+    if not figures:
+        figures = [figure for figure, _ in numeric_leaves(a_docs[0] if a_docs else {})
+                   if all(figure_of(document, figure) is not None for document in documents)]
+        if not figures:
             raise CompareError("the files have no number in common")
     results = []
-    for figure in chosen:
-        a_values = [figure_of(document, figure) for document in a_docs]
-        b_values = [figure_of(document, figure) for document in b_docs]
-        results.append(compare([v for v in a_values if v is not None],
-                               [v for v in b_values if v is not None], figure, draws, seed))
+    for figure in figures:
+        values = []
+        for path, document in zip(paths, documents, strict=True):
+            value = figure_of(document, figure)
+            if value is None:
+                raise CompareError(f"{path}: no number at {figure!r}")
+            values.append(value)
+        results.append(compare(values[:len(a_docs)], values[len(a_docs):], figure, draws, seed))
     return results
 
 
