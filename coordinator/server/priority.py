@@ -5,7 +5,7 @@ On a machine with few CPUs, a pool process computing a run and a flush thread wo
 fsync compete with the event loop, which answers heartbeats. At niceness 10 in SCHED_BATCH
 they still get their share over time (unlike SCHED_IDLE they cannot starve), but a batch
 task that wakes up never preempts a running one, so it does not cut into the loop's steps.
-BENCHMARKS.md ("Background priority, put back") has the figures: either one alone was
+BENCHMARKS.md ("Tuning mechanisms: measured") has the figures: either one alone was
 inside the spread between runs, the two together were not.
 """
 
