@@ -1,0 +1,167 @@
+"""The admin HTTP listener under hostile connections, against a real `serve` process: its
+own connection cap and its deadline for a whole request, so that no number of half-sent
+requests takes the file descriptors the Kafka listener needs."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.integration.helpers import ServerProcess
+from tests.server.hostile import alive, running_server
+
+ADMIN_CAP = 16
+
+
+@pytest.fixture(scope="module")
+def capped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    # A long read deadline: the held connections stay held while the test counts.
+    settings = [f"server.admin.max.connections={ADMIN_CAP}",
+                "server.admin.read.timeout.ms=120000"]
+    with running_server(tmp_path_factory.mktemp("admin-cap"), settings) as process:
+        yield process
+
+
+@pytest.fixture(scope="module")
+def deadlined(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    settings = ["server.admin.read.timeout.ms=1000"]
+    with running_server(tmp_path_factory.mktemp("admin-deadline"), settings) as process:
+        yield process
+
+
+def open_fds(process: ServerProcess) -> int:
+    assert process.process is not None
+    return len(os.listdir(Path("/proc") / str(process.process.pid) / "fd"))
+
+
+HALF_PUT = (b"PUT /groups/g/connectors/c HTTP/1.1\r\nHost: x\r\n"
+            b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"tasks\"")
+
+
+def held_connection(port: int) -> socket.socket:
+    """A keep-alive connection that was served once (so the server counts it), then left
+    with half a PUT body."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    answer = b""
+    while not answer.endswith(b'"ok"}'):
+        data = sock.recv(4096)
+        assert data, answer
+        answer += data
+    assert answer.startswith(b"HTTP/1.1 200")
+    sock.sendall(HALF_PUT)
+    return sock
+
+
+def answer_until_closed(sock: socket.socket, timeout_s: float) -> bytes:
+    """What the server sends until it closes the connection (TimeoutError if it does not
+    within `timeout_s`)."""
+    sock.settimeout(timeout_s)
+    answer = b""
+    while True:
+        try:
+            data = sock.recv(4096)
+        except ConnectionResetError:
+            return answer
+        if not data:
+            return answer
+        answer += data
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="counts fds in /proc")
+def test_half_sent_admin_bodies_cannot_take_the_kafka_listeners_fds(
+        capped: ServerProcess) -> None:
+    baseline = open_fds(capped)
+    held = [held_connection(capped.admin_port) for _ in range(ADMIN_CAP)]
+    extra: list[socket.socket] = []
+    try:
+        refused = 0
+        for _ in range(100):
+            sock = socket.create_connection(("127.0.0.1", capped.admin_port), timeout=10)
+            extra.append(sock)
+            try:
+                sock.sendall(HALF_PUT)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # closed at once, before the request was even sent
+            answer = answer_until_closed(sock, 10.0)
+            assert answer == b"" or answer.startswith(b"HTTP/1.1 503"), answer[:200]
+            refused += 1
+        assert refused == 100
+        assert open_fds(capped) <= baseline + ADMIN_CAP + 8
+        assert alive(capped)  # a new Kafka connection, and a heartbeat answered on it
+    finally:
+        for sock in held + extra:
+            sock.close()
+    assert "Traceback" not in capped.output()
+    # The cap's slots are free again once the held connections are gone.
+    deadline = time.monotonic() + 10
+    while True:
+        with socket.create_connection(("127.0.0.1", capped.admin_port), timeout=10) as sock:
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            if answer_until_closed(sock, 10.0).startswith(b"HTTP/1.1 200"):
+                break
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+
+
+def test_an_admin_connection_over_the_cap_is_told_why(capped: ServerProcess) -> None:
+    held = [held_connection(capped.admin_port) for _ in range(ADMIN_CAP)]
+    try:
+        with socket.create_connection(("127.0.0.1", capped.admin_port), timeout=10) as sock:
+            answer = answer_until_closed(sock, 10.0)
+        assert answer.startswith(b"HTTP/1.1 503"), answer[:200]
+        assert b"server.admin.max.connections" in answer
+    finally:
+        for sock in held:
+            sock.close()
+
+
+def test_a_slow_admin_body_gets_408_and_a_close(deadlined: ServerProcess) -> None:
+    with socket.create_connection(("127.0.0.1", deadlined.admin_port), timeout=10) as sock:
+        started = time.monotonic()
+        sock.sendall(HALF_PUT.replace(b"Content-Length: 100", b"Content-Length: 100000"))
+        sock.settimeout(0.1)
+        answer = b""
+        while time.monotonic() - started < 30:  # a byte every 100 ms: never idle
+            try:
+                sock.sendall(b" ")
+                data = sock.recv(4096)
+            except TimeoutError:
+                continue
+            except (BrokenPipeError, ConnectionResetError):
+                break
+            if not data:
+                break
+            answer += data
+        assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
+        assert b"server.admin.read.timeout.ms" in answer
+        answer_until_closed(sock, 10.0)  # and the connection is closed (or already was)
+    assert alive(deadlined)
+    assert "Traceback" not in deadlined.output()
+
+
+def test_slow_admin_headers_are_cut_off(deadlined: ServerProcess) -> None:
+    request = b"GET /groups HTTP/1.1\r\nHost: x\r\n" + b"X-Pad: " + b"a" * 1000 + b"\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", deadlined.admin_port), timeout=10) as sock:
+        sock.settimeout(0.1)
+        started = time.monotonic()
+        closed = False
+        for byte in request:  # a byte every 100 ms: 100 s for the whole request
+            try:
+                sock.sendall(bytes([byte]))
+                data = sock.recv(4096)
+            except TimeoutError:
+                continue
+            except (BrokenPipeError, ConnectionResetError):
+                closed = True
+                break
+            if not data or data.startswith(b"HTTP/1.1 408"):
+                closed = True
+                break
+        assert closed
+        assert time.monotonic() - started < 30
