@@ -14,7 +14,7 @@ from typing import Any, Protocol
 import msgspec
 import trio
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
@@ -198,6 +198,10 @@ def build_admin_app(runtime: Runtime, proxy: ProxyView | None = None) -> Starlet
         except NotDurable:
             return _error(503, "COORDINATOR_NOT_AVAILABLE",
                           "the change could not be written to the log; retry")
+        except ClientDisconnect:
+            # The client went (or was cut off by the listener's read deadline) before its
+            # body arrived: nothing was changed and there is no one to answer.
+            return Response(status_code=400)
 
     max_body = runtime.config.admin_max_body_bytes
     body_key = FIELD_KEYS["admin_max_body_bytes"]

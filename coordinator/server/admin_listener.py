@@ -115,16 +115,19 @@ class AdminListener:
                     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Accept until `shutdown_trigger` returns, then give open connections the graceful
         timeout to finish (hypercorn stops keeping them alive once told so)."""
-        async with trio.open_nursery() as connections:
-            async with trio.open_nursery() as accepting:
-                accepting.start_soon(self._accept, listener, connections)
-                task_status.started()
-                await shutdown_trigger()
-                accepting.cancel_scope.cancel()
-            await listener.aclose()
-            await self._context.terminated.set()
-            connections.cancel_scope.deadline = (trio.current_time()
-                                                 + self._http_config.graceful_timeout)
+        try:
+            async with trio.open_nursery() as connections:
+                async with trio.open_nursery() as accepting:
+                    accepting.start_soon(self._accept, listener, connections)
+                    task_status.started()
+                    await shutdown_trigger()
+                    accepting.cancel_scope.cancel()
+                listener.socket.close()
+                await self._context.terminated.set()
+                connections.cancel_scope.deadline = (trio.current_time()
+                                                     + self._http_config.graceful_timeout)
+        finally:
+            listener.socket.close()  # synchronous: holds even when cancelled
 
     async def _accept(self, listener: trio.SocketListener, connections: trio.Nursery) -> None:
         while True:
