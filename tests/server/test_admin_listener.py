@@ -165,3 +165,38 @@ def test_slow_admin_headers_are_cut_off(deadlined: ServerProcess) -> None:
                 break
         assert closed
         assert time.monotonic() - started < 30
+
+
+class LimitedServerProcess(ServerProcess):
+    """`serve` under a low limit of open files, as a small container would run it."""
+
+    def __init__(self, tmp: Path, settings: list[str], max_files: int) -> None:
+        super().__init__(tmp / "data", tmp, settings)
+        self.max_files = max_files
+
+    def command(self) -> list[str]:
+        return ["sh", "-c", f'ulimit -n {self.max_files} && exec "$@"', "serve",
+                *super().command()]
+
+
+def test_the_kafka_listener_keeps_accepting_under_an_admin_flood_at_a_low_fd_limit(
+        tmp_path: Path) -> None:
+    import trio
+
+    process = LimitedServerProcess(tmp_path, [], max_files=256)  # the default admin cap
+    trio.run(process.start)
+    flood: list[socket.socket] = []
+    try:
+        for _ in range(600):  # more than the process may open
+            sock = socket.create_connection(("127.0.0.1", process.admin_port), timeout=10)
+            flood.append(sock)
+            try:
+                sock.sendall(HALF_PUT)
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+        assert alive(process)  # a new Kafka connection is accepted and answered
+        assert not any(e.get("event") == "accept_failed" for e in process.events())
+    finally:
+        for sock in flood:
+            sock.close()
+        process.kill()
