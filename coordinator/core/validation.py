@@ -7,6 +7,7 @@ limits at the end, at the counts they are given), never at state.
 
 from __future__ import annotations
 
+import operator
 import unicodedata
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -64,6 +65,9 @@ def check_ids(what: str, values: Iterable[str]) -> None:
         check_id(what, value)
 
 
+_connector_of = operator.attrgetter("connector")
+
+
 def units_from_wire(value: Any, what: str) -> frozenset[Unit]:
     """ConnectorsAndTasks -> a set of units, rejecting empty names, bad ids and repeats."""
     units: set[Unit] = set()
@@ -71,19 +75,23 @@ def units_from_wire(value: Any, what: str) -> frozenset[Unit]:
     for name in value.connectors:
         if not name:
             raise invalid(f"{what}: connector names must be non-empty")
-        check_id(f"{what}: connector name", name)
         units.add((name, CONNECTOR))
         count += 1
     for task in value.tasks:
         if not task.connector:
             raise invalid(f"{what}: task connector names must be non-empty")
-        check_id(f"{what}: task connector name", task.connector)
         if task.task < 0:
             raise invalid(f"{what}: task ids must be >= 0, got {task.connector}-{task.task}")
         units.add((task.connector, task.task))
         count += 1
     if len(units) != count:
         raise invalid(f"{what}: a connector or task is listed more than once")
+    # Each name once, and in one C-level pass when none holds a control character (a list
+    # is up to group.connect.max.units long, mostly tasks of a few connectors).
+    names = set(value.connectors)
+    names.update(map(_connector_of, value.tasks))
+    if not "".join(names).isprintable():
+        check_ids(f"{what}: connector name", sorted(names))
     return frozenset(units)
 
 
