@@ -99,7 +99,7 @@ async def open_kafka_listeners(address: tuple[str, int]) -> list[trio.SocketList
 
 
 def open_admin_socket(address: tuple[str, int]) -> socket.socket:
-    """The admin listener's socket, bound and listening (hypercorn serves it)."""
+    """The admin listener's socket, bound and listening (`AdminListener` serves it)."""
     host, port = address
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
