@@ -11,7 +11,7 @@ import re
 from collections.abc import Iterable
 from contextlib import aclosing
 from typing import Any, Protocol
-from urllib.parse import unquote_to_bytes
+from urllib.parse import quote, unquote_to_bytes
 
 import msgspec
 import trio
@@ -345,7 +345,7 @@ def build_admin_app(runtime: Runtime, proxy: ProxyView | None = None) -> ASGIApp
                     # The group is there; the connector is what was not found.
                     return _error(404, "CONNECTOR_NOT_FOUND",
                                   f"group {group!r} has no connector {connector!r}; "
-                                  f"GET /groups/{group} lists its connectors")
+                                  f"GET /groups/{quote(group, safe='')} lists its connectors")
                 raise
             return JSONResponse(answer)
         return await guarded(request, handle)
