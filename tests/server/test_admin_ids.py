@@ -120,3 +120,17 @@ async def test_control_characters_are_refused_in_krpc_ids(
         assert answer.error_code == ErrorCode.INVALID_REQUEST
     status, listed = await http(server, "GET", "/groups")
     assert [g["group_id"] for g in listed["groups"]] == ["g"]
+
+
+async def test_printable_unicode_ids_are_accepted_everywhere(server: ServerHandle) -> None:
+    group = "café-グループ-👩\u200d💻 x"  # accents, CJK, an emoji joined by ZWJ, a space
+    async with await KafkaClient.connect("127.0.0.1", server.kafka_port) as client:
+        response = await client.request(1000, heartbeat(group_id=group, member_id="m-é"))
+        assert response.error_code == 0, response.error_message
+    status, answer = await http(server, "PUT",
+                                f"/groups/{quote(group, safe='')}/connectors/{quote('ç', safe='')}",
+                                body={"tasks": 1})
+    assert status == 200, answer
+    status, view = await http(server, "GET", f"/groups/{quote(group, safe='')}")
+    assert status == 200 and view["group_id"] == group
+    assert view["connectors_and_tasks"]["connectors"] == ["ç"]
