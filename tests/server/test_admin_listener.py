@@ -80,8 +80,7 @@ def test_half_sent_admin_bodies_cannot_take_the_kafka_listeners_fds(
     held = [held_connection(capped.admin_port) for _ in range(ADMIN_CAP)]
     extra: list[socket.socket] = []
     try:
-        refused = 0
-        for _ in range(100):
+        for _ in range(100):  # each closed at once (a 503, or a reset if it came first)
             sock = socket.create_connection(("127.0.0.1", capped.admin_port), timeout=10)
             extra.append(sock)
             try:
@@ -90,8 +89,6 @@ def test_half_sent_admin_bodies_cannot_take_the_kafka_listeners_fds(
                 pass  # closed at once, before the request was even sent
             answer = answer_until_closed(sock, 10.0)
             assert answer == b"" or answer.startswith(b"HTTP/1.1 503"), answer[:200]
-            refused += 1
-        assert refused == 100
         assert open_fds(capped) <= baseline + ADMIN_CAP + 8
         assert alive(capped)  # a new Kafka connection, and a heartbeat answered on it
     finally:
