@@ -90,6 +90,8 @@ def test_half_sent_admin_bodies_cannot_take_the_kafka_listeners_fds(
             answer = answer_until_closed(sock, 10.0)
             assert answer == b"" or answer.startswith(b"HTTP/1.1 503"), answer[:200]
         assert open_fds(capped) <= baseline + ADMIN_CAP + 8
+        refusals = [e for e in capped.events() if e.get("event") == "admin_connection_refused"]
+        assert 1 <= len(refusals) <= 10  # logged, rate-limited (a line, then a count)
         assert alive(capped)  # a new Kafka connection, and a heartbeat answered on it
     finally:
         for sock in held + extra:
