@@ -9,7 +9,8 @@ Here the listener keeps to a budget of its own:
   and closed at once (the answer fits in the fresh socket's buffer, so it costs no wait);
 - each request, headers and body, must arrive within `server.admin.read.timeout.ms` of
   the connection's opening or of the end of the previous answer; past that a started
-  request is answered 408 and the connection closed (an idle one is closed silently).
+  request is answered 408 and the connection closed (an idle one is closed silently);
+- a client that does not take an answer within that time is cut off as well.
 """
 
 from __future__ import annotations
@@ -56,8 +57,10 @@ class RequestDeadlineStream:
     sending is timed. The only answer written here is the 408, and only while no answer
     to the request has been sent (the deadline is reset by every answer)."""
 
-    def __init__(self, stream: trio.SocketStream, timeout_s: float) -> None:
+    def __init__(self, stream: trio.SocketStream, timeout_s: float,
+                 connection: trio.CancelScope) -> None:
         self._stream = stream
+        self._connection = connection
         self._timeout_s = timeout_s
         self._deadline = trio.current_time() + timeout_s
         self._request_started = False
@@ -83,10 +86,23 @@ class RequestDeadlineStream:
         raise trio.TooSlowError
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
-        await self._stream.send_all(data)
-        if not bytes(data[:12]).startswith(b"HTTP/1.1 100"):  # "100 Continue" is not an answer
-            self._deadline = trio.current_time() + self._timeout_s
-            self._request_started = False
+        # A client that does not take its answer is cut off too (hypercorn's own sends
+        # have no deadline, and are shielded from the shutdown's).
+        with trio.move_on_after(self._timeout_s):
+            await self._stream.send_all(data)
+            # Only an answer's head starts the next request's time: not "100 Continue",
+            # not a switch to HTTP/2 (the admin API is HTTP/1.1; an HTTP/2 connection
+            # keeps the deadline of its first request and ends with it).
+            head = bytes(data[:10])
+            if head.startswith(b"HTTP/1.1 ") and not head.endswith(b"1"):
+                self._deadline = trio.current_time() + self._timeout_s
+                self._request_started = False
+            return
+        # hypercorn, told the stream broke, would wait for the unanswered request forever:
+        # the whole connection ends here.
+        self._connection.cancel()
+        raise trio.BrokenResourceError(
+            f"the answer was not taken within {self._timeout_s:g} s ({READ_TIMEOUT_KEY})")
 
     async def wait_send_all_might_not_block(self) -> None:
         await self._stream.wait_send_all_might_not_block()
@@ -160,10 +176,12 @@ class AdminListener:
 
     async def _connection(self, stream: trio.SocketStream) -> None:
         try:
-            server = TCPServer(self._app, self._http_config, self._context,
-                               ConnectionState({}),
-                               RequestDeadlineStream(stream, self._timeout_s))  # type: ignore[arg-type]
-            await server.run()
+            with trio.CancelScope() as connection:
+                server = TCPServer(self._app, self._http_config, self._context,
+                                   ConnectionState({}),
+                                   RequestDeadlineStream(stream, self._timeout_s,  # type: ignore[arg-type]
+                                                         connection))
+                await server.run()
         finally:
             self.open_connections -= 1
             stream.socket.close()  # synchronous: holds even when cancelled

@@ -199,3 +199,26 @@ def test_the_kafka_listener_keeps_accepting_under_an_admin_flood_at_a_low_fd_lim
         for sock in flood:
             sock.close()
         process.kill()
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="counts fds in /proc")
+def test_an_admin_client_that_does_not_read_its_answers_is_cut_off(
+        deadlined: ServerProcess) -> None:
+    baseline = open_fds(deadlined)
+    with socket.create_connection(("127.0.0.1", deadlined.admin_port), timeout=10) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.settimeout(0.5)
+        requests = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n" * 2_000
+        sent = 0
+        try:  # answers pile up unread until the server stops reading too
+            while sent < len(requests):
+                sent += sock.send(requests[sent:sent + 65536])
+        except (TimeoutError, BrokenPipeError, ConnectionResetError):
+            pass
+        assert open_fds(deadlined) > baseline  # the connection is held for now
+        deadline = time.monotonic() + 30
+        while open_fds(deadlined) > baseline:  # until the server lets it go
+            assert time.monotonic() < deadline, "the unread connection is still held"
+            time.sleep(0.1)
+    assert alive(deadlined)
+    assert "Traceback" not in deadlined.output()
