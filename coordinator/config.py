@@ -42,6 +42,10 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     connection_read_timeout_ms: Annotated[int, Meta(ge=100, le=MS_HOUR)] = 30_000
     connection_idle_timeout_ms: Annotated[int, Meta(ge=1_000, le=24 * MS_HOUR)] = 600_000
     admin_max_body_bytes: Annotated[int, Meta(ge=1_024, le=2**31 - 1)] = 1024 * 1024
+    # The admin listener's own budget: well below a process's usual 1,024 descriptors, so
+    # that slow or idle HTTP clients can never take those the Kafka listener needs.
+    admin_max_connections: Annotated[int, Meta(ge=1, le=100_000)] = 64
+    admin_read_timeout_ms: Annotated[int, Meta(ge=100, le=MS_HOUR)] = 10_000
     # Ids and names are stored in records as int16-length strings: 32,767 bytes at most.
     max_id_bytes: Annotated[int, Meta(ge=16, le=MAX_RECORD_STRING_BYTES)] = 255
     max_url_bytes: Annotated[int, Meta(ge=16, le=MAX_RECORD_STRING_BYTES)] = 2_048
@@ -130,6 +134,8 @@ CONFIG_KEYS: dict[str, str] = {
     "server.connection.read.timeout.ms": "connection_read_timeout_ms",
     "server.connection.idle.timeout.ms": "connection_idle_timeout_ms",
     "server.admin.max.body.bytes": "admin_max_body_bytes",
+    "server.admin.max.connections": "admin_max_connections",
+    "server.admin.read.timeout.ms": "admin_read_timeout_ms",
     "group.connect.max.id.bytes": "max_id_bytes",
     "group.connect.max.url.bytes": "max_url_bytes",
     "group.connect.max.metadata.bytes": "max_metadata_bytes",

@@ -1,4 +1,5 @@
-"""Opening URLs the way a sidecar tool should: local services directly, never via a proxy."""
+"""URLs: opening them the way a sidecar tool should (local services directly, never via a
+proxy), and showing them without the credentials they may carry."""
 
 from __future__ import annotations
 
@@ -17,3 +18,27 @@ def open_url(url: str | urllib.request.Request, timeout: float) -> Any:
     if urllib.parse.urlsplit(target).hostname in _LOOPBACK_HOSTS:
         return _DIRECT.open(url, timeout=timeout)
     return urllib.request.urlopen(url, timeout=timeout)
+
+
+def redacted_url(url: str) -> str:
+    """`url` as it may be shown: the password of its user info replaced by `***`
+    (`http://user:***@host:8083`), or the whole user info if it has no user name part
+    (a bare token). Written by hand rather than with urlsplit, which refuses some strings
+    a worker may send (a bad port, a bracket): those must be redacted too."""
+    if "@" not in url:  # the usual worker URL: nothing to hide
+        return url
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        scheme, rest = "", url
+    end = len(rest)
+    for delimiter in "/?#":
+        found = rest.find(delimiter)
+        if found != -1:
+            end = min(end, found)
+    authority, path = rest[:end], rest[end:]
+    if "@" not in authority:
+        return url
+    userinfo, host = authority.rsplit("@", 1)
+    user, colon, _secret = userinfo.partition(":")
+    shown = f"{user}:***" if colon and user else "***"
+    return f"{scheme}{sep}{shown}@{host}{path}"

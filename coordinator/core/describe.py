@@ -21,6 +21,7 @@ from typing import Any
 from coordinator.core.group import Group, MemberMetadata, units_to_wire
 from coordinator.core.reconcile import CurrentAssignment, TargetPart
 from coordinator.units import Unit
+from coordinator.urls import redacted_url
 from protocol.errors import ApiError, ErrorCode
 from protocol.messages import ConnectGroupDescribeResponse, ConnectGroupDescribeResponseV0
 from protocol.messages.connect_group_describe_response import (
@@ -111,7 +112,9 @@ def build(group: GroupSnapshot | ClassicSnapshot, version: int = NEWEST_VERSION)
             member_class(
                 member_id=member_id,
                 instance_id=metadata.instance_id if metadata else None,
-                worker_url=metadata.worker_url if metadata else "",
+                # Shown without its credentials; the group keeps the URL as the worker gave
+                # it, since the leader hands it to the other workers to reach one another.
+                worker_url=redacted_url(metadata.worker_url) if metadata else "",
                 member_epoch=current.epoch,
                 member_state=current.state.name if metadata else "UNKNOWN",
                 assigned=units_to_wire(current.assigned),
@@ -144,7 +147,7 @@ def _build_classic(group: ClassicSnapshot) -> DescribedGroup:
         members.append(DescribedMember(
             member_id=member.member_id,
             instance_id=member.instance_id,
-            worker_url=member.worker_url,
+            worker_url=redacted_url(member.worker_url),
             protocol=CLASSIC,
             classic_protocol=group.protocol_name,
             member_epoch=member.joined_generation,

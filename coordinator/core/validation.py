@@ -7,7 +7,9 @@ limits at the end, at the counts they are given), never at state.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import operator
+import unicodedata
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +23,49 @@ STATIC_LEAVE_EPOCH = -2
 
 def invalid(message: str) -> ApiError:
     return ApiError(ErrorCode.INVALID_REQUEST, message)
+
+
+# -- ids -----------------------------------------------------------------------------------
+
+# Characters that change how text around them is shown (bidirectional embeddings,
+# overrides and isolates, and the invisible direction marks): an id holding one can be made
+# to look like another in a log line or a terminal.
+_BIDI_CONTROLS = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e"
+                           "\u2066\u2067\u2068\u2069")
+# C0 and C1 controls (NUL, newline, escape, DEL, ...), and the line and paragraph separators.
+_CONTROL_CATEGORIES = frozenset({"Cc", "Zl", "Zp"})
+
+
+def control_character(text: str) -> str | None:
+    """The first character of `text` that an id may not hold, or None."""
+    if text.isprintable():  # one C-level pass for the usual id; none of them is printable
+        return None
+    for char in text:
+        if char in _BIDI_CONTROLS or unicodedata.category(char) in _CONTROL_CATEGORIES:
+            return char
+    return None
+
+
+def check_id(what: str, value: str | None, code: ErrorCode = ErrorCode.INVALID_REQUEST
+             ) -> None:
+    """Group ids, member ids, instance ids and connector names, on every surface (KRPC,
+    Kafka's classic APIs, the admin API): no control characters, so that an id shows as
+    what it is wherever it is logged or printed."""
+    if value is None:
+        return
+    char = control_character(value)
+    if char is not None:
+        raise ApiError(code, f"{what} holds the control character U+{ord(char):04X} "
+                             f"(at index {value.index(char)}); ids may not hold control "
+                             "characters")
+
+
+def check_ids(what: str, values: Iterable[str]) -> None:
+    for value in values:
+        check_id(what, value)
+
+
+_connector_of = operator.attrgetter("connector")
 
 
 def units_from_wire(value: Any, what: str) -> frozenset[Unit]:
@@ -41,6 +86,12 @@ def units_from_wire(value: Any, what: str) -> frozenset[Unit]:
         count += 1
     if len(units) != count:
         raise invalid(f"{what}: a connector or task is listed more than once")
+    # Each name once, and in one C-level pass when none holds a control character (a list
+    # is up to group.connect.max.units long, mostly tasks of a few connectors).
+    names = set(value.connectors)
+    names.update(map(_connector_of, value.tasks))
+    if not "".join(names).isprintable():
+        check_ids(f"{what}: connector name", sorted(names))
     return frozenset(units)
 
 
@@ -55,6 +106,9 @@ def validate_heartbeat(request: Any) -> frozenset[Unit] | None:
         raise invalid(f"MemberEpoch must be >= -2, got {epoch}")
     if request.instance_id is not None and not request.instance_id:
         raise invalid("InstanceId, if provided, must be non-empty")
+    check_id("GroupId", request.group_id)
+    check_id("MemberId", request.member_id)
+    check_id("InstanceId", request.instance_id)
     if epoch == STATIC_LEAVE_EPOCH and request.instance_id is None:
         raise invalid("MemberEpoch -2 (temporary leave) is only allowed with an InstanceId")
     if request.worker_url is not None and not request.worker_url:
@@ -112,6 +166,8 @@ def validate_assignment_caller(request: Any) -> None:
         raise invalid("MemberId must be non-empty")
     if request.member_epoch < 0:
         raise invalid(f"MemberEpoch must be >= 0, got {request.member_epoch}")
+    check_id("GroupId", request.group_id)
+    check_id("MemberId", request.member_id)
 
 
 def validate_install(request: Any) -> dict[str, tuple[frozenset[Unit], int, bytes]]:
@@ -123,6 +179,7 @@ def validate_install(request: Any) -> dict[str, tuple[frozenset[Unit], int, byte
     for member in request.members:
         if not member.member_id:
             raise invalid("Members[].MemberId must be non-empty")
+        check_id("Members[].MemberId", member.member_id)
         if member.member_id in parts:
             raise ApiError(
                 ErrorCode.INVALID_ASSIGNMENT,
@@ -131,6 +188,18 @@ def validate_install(request: Any) -> dict[str, tuple[frozenset[Unit], int, byte
         units = units_from_wire(member.assigned, f"Members[{member.member_id}].Assigned")
         parts[member.member_id] = (units, member.version, member.metadata)
     return parts
+
+
+def check_classic_ids(body: Any) -> None:
+    """The ids of a classic JoinGroup, SyncGroup, Heartbeat or LeaveGroup: a bad group id
+    is INVALID_GROUP_ID (what Kafka answers for a group id it refuses), a bad member or
+    instance id INVALID_REQUEST."""
+    check_id("GroupId", body.group_id, ErrorCode.INVALID_GROUP_ID)
+    check_id("MemberId", getattr(body, "member_id", None))
+    check_id("GroupInstanceId", getattr(body, "group_instance_id", None))
+    for member in getattr(body, "members", ()):  # LeaveGroup v3 and later
+        check_id("Members[].MemberId", member.member_id)
+        check_id("Members[].GroupInstanceId", member.group_instance_id)
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,23 +7,28 @@ the records are made durable before the answer. Bad input gets a 4xx with a JSON
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from contextlib import aclosing
 from typing import Any, Protocol
+from urllib.parse import quote, unquote_to_bytes
 
 import msgspec
 import trio
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from coordinator.config import FIELD_KEYS
 from coordinator.core import describe as describing
 from coordinator.core.classic.view import member_views
+from coordinator.core.validation import check_id
 from coordinator.server.limits import too_long
 from coordinator.server.runtime import NotDurable, Runtime
 from coordinator.units import CONNECTOR, Unit, format_unit, split_units
+from coordinator.urls import redacted_url
 from protocol.errors import ApiError, ErrorCode
 
 STATUS_BY_CODE = {
@@ -117,7 +122,9 @@ def classic_group_view(runtime: Runtime, group_id: str) -> dict[str, Any] | None
     return {
         "group_id": group_id,
         "type": "classic",
-        "state": group.state.label,
+        # The admin API spells every state as ConnectGroupDescribe does (STABLE, not the
+        # Stable of Kafka's own APIs), whatever the group's type.
+        "state": group.state.name,
         "generation": meta.generation,
         "protocol_type": meta.protocol_type,
         "protocol": meta.protocol_name,
@@ -127,7 +134,7 @@ def classic_group_view(runtime: Runtime, group_id: str) -> dict[str, Any] | None
                 "member_id": view.member_id,
                 "instance_id": view.instance_id,
                 "client_id": view.client_id,
-                "worker_url": view.worker_url,
+                "worker_url": redacted_url(view.worker_url),
                 "protocol": "classic",
                 "classic_protocol": meta.protocol_name,
                 "joined_generation": view.joined_generation,
@@ -172,17 +179,22 @@ class ProxyView(Protocol):
     def mapping(self) -> dict[str, Any]: ...
 
 
-def build_admin_app(runtime: Runtime, proxy: ProxyView | None = None) -> Starlette:
+def build_admin_app(runtime: Runtime, proxy: ProxyView | None = None) -> ASGIApp:
     config = runtime.config
     id_key = FIELD_KEYS["max_id_bytes"]
 
     def check_path(request: Request) -> None:
-        """Group ids and connector names in the path are held to the id limit."""
+        """Group ids and connector names in the path, percent-decoded (the app routes on
+        the raw path: see `routed_on_raw_path`), are held to the id rules and limit."""
+        params = request.scope.get("path_params", {})
         for name, what in (("group", "group id"), ("connector", "connector name")):
-            value = request.path_params.get(name)
+            if name not in params:
+                continue
+            value = params[name] = decoded_segment(params[name])
             problem = too_long(what, value, config.max_id_bytes, id_key)
             if problem is not None:
                 raise ApiError(ErrorCode.INVALID_REQUEST, problem)
+            check_id(what, value)
 
     async def guarded(request: Request, handler: Any) -> Response:
         try:
@@ -198,6 +210,10 @@ def build_admin_app(runtime: Runtime, proxy: ProxyView | None = None) -> Starlet
         except NotDurable:
             return _error(503, "COORDINATOR_NOT_AVAILABLE",
                           "the change could not be written to the log; retry")
+        except ClientDisconnect:
+            # The client went (or was cut off by the listener's read deadline) before its
+            # body arrived: nothing was changed and there is no one to answer.
+            return Response(status_code=400)
 
     max_body = runtime.config.admin_max_body_bytes
     body_key = FIELD_KEYS["admin_max_body_bytes"]
@@ -329,7 +345,7 @@ def build_admin_app(runtime: Runtime, proxy: ProxyView | None = None) -> Starlet
                     # The group is there; the connector is what was not found.
                     return _error(404, "CONNECTOR_NOT_FOUND",
                                   f"group {group!r} has no connector {connector!r}; "
-                                  f"GET /groups/{group} lists its connectors")
+                                  f"GET /groups/{quote(group, safe='')} lists its connectors")
                 raise
             return JSONResponse(answer)
         return await guarded(request, handle)
@@ -340,6 +356,9 @@ def build_admin_app(runtime: Runtime, proxy: ProxyView | None = None) -> Starlet
             body = await body_of(request, RemoveMembersBody)
             if not body.members:
                 raise ApiError(ErrorCode.INVALID_REQUEST, "members must not be empty")
+            for member in body.members:
+                check_id("instance_id", member.instance_id)
+                check_id("member_id", member.member_id)
             pairs = [(m.instance_id, m.member_id) for m in body.members]
             group = request.path_params["group"]
             return JSONResponse(await runtime.call(runtime.core.remove_static_members, group,
@@ -384,4 +403,52 @@ def build_admin_app(runtime: Runtime, proxy: ProxyView | None = None) -> Starlet
         return _error(405, "METHOD_NOT_ALLOWED",
                       f"{request.method} is not allowed on {request.url.path}")
 
-    return Starlette(routes=routes, exception_handlers={404: not_found, 405: not_allowed})
+    app = Starlette(routes=routes, exception_handlers={404: not_found, 405: not_allowed})
+    return routed_on_raw_path(app)
+
+
+# A percent sign not followed by two hex digits.
+_BAD_ESCAPE = re.compile(rb"%(?![0-9A-Fa-f]{2})")
+
+
+def path_problem(raw_path: bytes) -> str | None:
+    """Why a request's raw path cannot be taken as percent-encoded UTF-8 segments (None:
+    it can). Nothing is guessed: a broken escape or byte is refused, never replaced."""
+    if not raw_path.isascii():
+        return "the path holds bytes outside ASCII: percent-encode them (UTF-8)"
+    bad = _BAD_ESCAPE.search(raw_path)
+    if bad is not None:
+        return (f"the path has an invalid percent-escape at byte {bad.start()} (a '%' must "
+                "be followed by two hex digits; send '%' itself as %25)")
+    for segment in raw_path.split(b"/"):
+        try:
+            unquote_to_bytes(segment).decode("utf-8")
+        except UnicodeDecodeError as error:
+            return (f"the path segment {segment.decode('ascii', 'replace')!r} is not "
+                    f"percent-encoded UTF-8 (byte {error.start} of its decoded form)")
+    return None
+
+
+def decoded_segment(segment: str) -> str:
+    """A path segment as the raw path has it, percent-decoded (checked by `path_problem`)."""
+    return unquote_to_bytes(segment).decode("utf-8") if "%" in segment else segment
+
+
+def routed_on_raw_path(app: ASGIApp) -> ASGIApp:
+    """The app, routed on the path as sent rather than as the server decoded it, so that
+    a group id holding '/' can be addressed (sent as %2F, it stays inside its segment);
+    each path parameter is then decoded on its own. A path that is not percent-encoded
+    UTF-8 gets a 400 instead of a name with replacement characters in it."""
+
+    async def routed(scope: Scope, receive: Receive, send: Send) -> None:
+        raw = scope.get("raw_path") if scope["type"] == "http" else None
+        if raw is not None:
+            raw_path = bytes(raw).partition(b"?")[0]
+            problem = path_problem(raw_path)
+            if problem is not None:
+                await _error(400, "INVALID_PATH", problem)(scope, receive, send)
+                return
+            scope = {**scope, "path": raw_path.decode("ascii", "replace")}
+        await app(scope, receive, send)
+
+    return routed

@@ -15,7 +15,6 @@ from pathlib import Path
 import structlog
 import trio
 from hypercorn.config import Config as HypercornConfig
-from hypercorn.trio import serve as serve_http
 
 from coordinator.assignors import load_assignors
 from coordinator.config import ServerConfig
@@ -26,6 +25,7 @@ from coordinator.metrics import API_NAMES, Metrics, ProxyMetrics
 from coordinator.proxy.server import ProxyServer
 from coordinator.proxy.wire import API_NAMES as PROXY_API_NAMES
 from coordinator.server.admin import build_admin_app
+from coordinator.server.admin_listener import AdminListener
 from coordinator.server.kafka import KafkaServer
 from coordinator.server.priority import lower_this_thread
 from coordinator.server.runtime import Clock, RecordSink, Runtime
@@ -99,7 +99,7 @@ async def open_kafka_listeners(address: tuple[str, int]) -> list[trio.SocketList
 
 
 def open_admin_socket(address: tuple[str, int]) -> socket.socket:
-    """The admin listener's socket, bound and listening (hypercorn serves it)."""
+    """The admin listener's socket, bound and listening (`AdminListener` serves it)."""
     host, port = address
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
@@ -183,8 +183,6 @@ async def run_server(
         proxy = listener if isinstance(listener, ProxyServer) else None
         admin_stopped = trio.Event()
         http_config = HypercornConfig()
-        # hypercorn takes over a duplicate of the bound socket (it closes what it is given).
-        http_config.bind = [f"fd://{os.dup(admin_socket.fileno())}"]
         http_config.accesslog = None
         http_config.errorlog = logging.getLogger("hypercorn.error")
         http_config.graceful_timeout = config.shutdown_timeout_ms / 1000
@@ -194,10 +192,13 @@ async def run_server(
             await nursery.start(runtime.run)
             kafka_port = await nursery.start(partial(listener.serve, listen[0], listen[1],
                                                      listeners=kafka_listeners))
-            binds = await nursery.start(partial(serve_http, build_admin_app(runtime, proxy),  # type: ignore[arg-type]
-                                                http_config,
-                                                shutdown_trigger=admin_stopped.wait))
-            admin_port = int(binds[0].rsplit(":", 1)[1])
+            # The listener takes over a duplicate of the bound socket (it closes it).
+            admin_listener = trio.SocketListener(
+                trio.socket.from_stdlib_socket(socket.socket(fileno=os.dup(admin_socket.fileno()))))
+            await nursery.start(partial(
+                AdminListener(build_admin_app(runtime, proxy), http_config, config).serve,
+                admin_listener, shutdown_trigger=admin_stopped.wait))
+            admin_port = int(admin_socket.getsockname()[1])
             handle = ServerHandle(runtime, kafka_port, admin_port)
             await runtime.wait_ready()
             if tune_process:

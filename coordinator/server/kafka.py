@@ -46,6 +46,7 @@ from coordinator.core import describe as describing
 from coordinator.core.validation import (
     CheckedHeartbeat,
     CheckedInstall,
+    check_classic_ids,
     check_heartbeat,
     check_install,
     install_unit_count,
@@ -66,7 +67,7 @@ from protocol.classic import (
     SYNC_GROUP,
 )
 from protocol.classic import HEARTBEAT as HEARTBEAT_V
-from protocol.errors import ErrorCode
+from protocol.errors import ApiError, ErrorCode
 from protocol.fastpath import encode_classic_heartbeat_response, encode_heartbeat_response
 from protocol.framing import (
     API_VERSIONS,
@@ -615,6 +616,12 @@ class KafkaServer:
                 return error_response(key, version, correlation, code, "loading",
                                       group_ids=getattr(body, "groups", ())), code
             engine = runtime.core.classic
+            if key in (JOIN_GROUP, SYNC_GROUP, HEARTBEAT_V, LEAVE_GROUP):
+                try:
+                    check_classic_ids(body)
+                except ApiError as error:
+                    return error_response(key, version, correlation, error.code,
+                                          error.message), error.code
             try:
                 if key == JOIN_GROUP:
                     arrived = time.perf_counter()

@@ -72,6 +72,7 @@ from coordinator.core.validation import (
 from coordinator.metrics import Metrics
 from coordinator.server.classic import Waiters
 from coordinator.server.priority import lower_this_thread
+from coordinator.urls import redacted_url
 from protocol.errors import ApiError, ErrorCode
 from protocol.messages import (
     ConnectGroupDescribeResponse,
@@ -597,6 +598,8 @@ class Runtime:
     def _log_event(event: Event) -> None:
         fields = dict(event.fields)
         fields.pop("event", None)
+        if fields.get("worker_url"):
+            fields["worker_url"] = redacted_url(fields["worker_url"])
         # One line per member per epoch is too many at info for a group of 1,000 members
         # (8,000 lines a second while it rebalances); the group's own events stay at info.
         emit = log.debug if event.name in DEBUG_EVENTS else log.info

@@ -379,9 +379,9 @@ class Simulation:
         return "classic" if self.classic_now == set(self.names) else "connect"
 
     def is_converged(self, snap: Snapshot) -> bool:
-        # (a classic group says `Stable`, as Kafka's DescribeGroups does)
+        # (the admin API spells both group types' states alike)
         expected = self.expected_type()
-        return (snap.state in ("STABLE", "Stable") and set(snap.running) == self.unit_names
+        return (snap.state == "STABLE" and set(snap.running) == self.unit_names
                 and all(len(holders) == 1 for holders in snap.running.values())
                 and (expected is None or snap.group_type == expected))
 

@@ -46,7 +46,7 @@ def agreed_assignment(coordinator: Coordinator, workers: list[Worker], group: st
             return None
         statuses[name] = status
     view = coordinator.admin(f"/groups/{group}")
-    if view["state"] != "Stable" or len(view["members"]) != len(workers) or \
+    if view["state"] != "STABLE" or len(view["members"]) != len(workers) or \
             any("holds" not in member for member in view["members"]):
         return None
     held: dict[tuple[str, int], str] = {}

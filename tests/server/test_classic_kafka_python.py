@@ -200,7 +200,7 @@ async def _admin_holds(server: ServerHandle) -> dict[str, frozenset[Unit]]:
             return json.loads(response.read())
 
     view = await trio.to_thread.run_sync(get)
-    assert view["type"] == "classic" and view["state"] == "Stable"
+    assert view["type"] == "classic" and view["state"] == "STABLE"
     return {member["worker_url"]: frozenset(
         {(name, -1) for name in member["holds"]["connectors"]}
         | {(task["connector"], task["task"]) for task in member["holds"]["tasks"]})

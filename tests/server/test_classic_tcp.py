@@ -196,7 +196,7 @@ async def test_join_barrier_sync_heartbeat_and_leave_over_tcp(server: ServerHand
         ("g", "Stable", "classic")]
     # The admin API and the metrics show it as a classic group.
     status, view = await http(server, "GET", "/groups/g")
-    assert status == 200 and view["type"] == "classic" and view["state"] == "Stable"
+    assert status == 200 and view["type"] == "classic" and view["state"] == "STABLE"
     assert view["generation"] == generation and view["protocol"] == "sessioned"
     assert {m["member_id"]: m["protocol"] for m in view["members"]} == {
         a: "classic", b: "classic"}
