@@ -53,11 +53,18 @@ from coordinator.core.validation import (
 from coordinator.metrics import api_name
 from coordinator.server import classic
 from coordinator.server.classic import Address
-from coordinator.server.limits import decode_limits, describe_answer_bytes
+from coordinator.server.limits import (
+    decode_limits,
+    describe_answer_bytes,
+    described_group_bytes,
+    listed_groups_bytes,
+    listing_answer_bytes,
+)
 from coordinator.server.runtime import NotDurable, Runtime
 from protocol._codec import INT16, INT32
 from protocol.classic import (
     CLASSIC_APIS,
+    DESCRIBE_GROUPS,
     FIND_COORDINATOR,
     JOIN_GROUP,
     LEAVE_GROUP,
@@ -159,6 +166,18 @@ def _encode_described(version: int, correlation_id: int,
                       taken: list[describing.Snapshot | tuple[str, Any]]) -> bytes:
     return encode_response(DESCRIBE, version, correlation_id,
                            describing.response(taken, version))
+
+
+def _encode_classic_described(version: int, correlation_id: int,
+                              taken: list[classic.DescribedGroupSnapshot]) -> bytes:
+    return encode_response(DESCRIBE_GROUPS, version, correlation_id,
+                           classic.describe_groups_body(version, taken))
+
+
+def _encode_classic_list(version: int, correlation_id: int,
+                         rows: list[tuple[str, str, str]]) -> bytes:
+    return encode_response(LIST_GROUPS, version, correlation_id,
+                           classic.list_groups_body(version, rows))
 
 
 # After each large request the listener's thread rests this many times as long as the
@@ -525,7 +544,7 @@ class KafkaServer:
         self.in_flight += 1
         try:
             if request.api_key in CLASSIC_APIS:
-                answer, code = await self._classic(request, peer,
+                answer, code = await self._classic(request, problems, peer,
                                                    address or Address("", -1))
             else:
                 answer, code = await self._dispatch(request, problems, checked)
@@ -597,13 +616,28 @@ class KafkaServer:
         return error_response(request.api_key, request.api_version, request.correlation_id,
                               code, message, group_ids=group_ids), code
 
-    async def _classic(self, request: DecodedRequest, peer: Any,
+    def _too_large(self, request: DecodedRequest, problems: ProblemLog, estimate: int,
+                   group_ids: tuple[str, ...] = ()) -> tuple[bytes, int] | None:
+        """INVALID_REQUEST for a request whose answer is estimated above the frame limit."""
+        if estimate <= self.max_frame_bytes:
+            return None
+        return self._refuse(
+            request, problems,
+            f"the answer would take more than {self.max_frame_bytes} bytes "
+            f"({FIELD_KEYS['max_frame_bytes']}): ask for fewer at once", group_ids=group_ids)
+
+    async def _classic(self, request: DecodedRequest, problems: ProblemLog, peer: Any,
                        address: Address) -> tuple[bytes, int]:
         """Kafka's own APIs: finding the coordinator, and classic groups."""
         key, version, correlation = request.api_key, request.api_version, request.correlation_id
         body = request.body
         response: Any
         code: int = ErrorCode.NONE
+        too_large = self._too_large(
+            request, problems, listing_answer_bytes(key, version, body, address.host),
+            tuple(getattr(body, "coordinator_keys", ())))
+        if too_large is not None:
+            return too_large
         if key == METADATA:
             response = classic.metadata_response(version, body, address)
         elif key == FIND_COORDINATOR:
@@ -643,14 +677,53 @@ class KafkaServer:
                     response = classic.leave_response(version, left.error, left.members)
                     code = left.error
                 elif key == LIST_GROUPS:
-                    response = classic.list_groups_response(version, body, runtime.core)
+                    return await self._list_groups(request, problems)
                 else:
-                    response = classic.describe_groups_response(version, body, runtime.core)
+                    return await self._describe_groups(request, problems)
             except NotDurable:
                 code = ErrorCode.COORDINATOR_NOT_AVAILABLE
                 return error_response(key, version, correlation, code, "not durable",
                                       group_ids=getattr(body, "groups", ())), code
         return encode_response(key, version, correlation, response), code
+
+    async def _list_groups(self, request: DecodedRequest, problems: ProblemLog
+                           ) -> tuple[bytes, int]:
+        """ListGroups: refused if its answer would not fit in a frame; a large one built
+        and encoded in the listener's thread (10,000 groups took some 50 ms)."""
+        rows = classic.list_groups_rows(request.body, self.runtime.core)
+        estimate = listed_groups_bytes(rows)
+        too_large = self._too_large(request, problems, estimate)
+        if too_large is not None:
+            return too_large
+        encode = _encode_classic_list
+        args = (request.api_version, request.correlation_id, rows)
+        answer = (await self._off_loop(encode, *args) if estimate > OFFLOAD_DESCRIBE_BYTES
+                  else encode(*args))
+        return answer, ErrorCode.NONE
+
+    async def _describe_groups(self, request: DecodedRequest, problems: ProblemLog
+                               ) -> tuple[bytes, int]:
+        """DescribeGroups: each group's snapshot taken on the loop, a few groups a step,
+        its answer counted as they are taken and refused as soon as it would not fit in a
+        frame; a large one built and encoded in the listener's thread."""
+        group_ids: tuple[str, ...] = tuple(getattr(request.body, "groups", ()))
+        core = self.runtime.core
+        taken: list[classic.DescribedGroupSnapshot] = []
+        estimate = 0
+        for start in range(0, len(group_ids), DESCRIBE_GROUPS_PER_STEP):
+            if start:
+                await trio.lowlevel.checkpoint()
+            for group_id in group_ids[start:start + DESCRIBE_GROUPS_PER_STEP]:
+                snapshot = classic.describe_group_snapshot(core, group_id)
+                estimate += described_group_bytes(snapshot)
+                too_large = self._too_large(request, problems, estimate, group_ids)
+                if too_large is not None:
+                    return too_large
+                taken.append(snapshot)
+        args = (request.api_version, request.correlation_id, taken)
+        answer = (await self._off_loop(_encode_classic_described, *args)
+                  if estimate > OFFLOAD_DESCRIBE_BYTES else _encode_classic_described(*args))
+        return answer, ErrorCode.NONE
 
     async def _describe_snapshots(self, group_ids: tuple[str, ...], version: int
                                   ) -> list[describing.Snapshot | tuple[str, Any]]:
