@@ -17,7 +17,9 @@ No request holds the event loop for long: what costs in proportion to a request'
 bounded by the limits, and a frame above OFFLOAD_DECODE_BYTES is decoded and checked, and
 freed once answered (`release_gradually`), and a describe whose answer is estimated above
 OFFLOAD_DESCRIBE_BYTES is built and encoded (from snapshots taken on the loop,
-DESCRIBE_GROUPS_PER_STEP groups per step), in the listener's own thread. Large requests
+DESCRIBE_GROUPS_PER_STEP groups per step), in the listener's own thread; so are the large
+answers of Kafka's own APIs (DescribeGroups, ListGroups, FindCoordinator, Metadata,
+LeaveGroup), each refused instead if it would not fit in a frame. Large requests
 take turns there, and the thread rests as long as each took (REST_RATIO), so however many
 clients send them they hold the GIL at most half the time. `bench hostile` tells the
 longest step of the loop under each kind of large request.
