@@ -312,7 +312,10 @@ def _summary(latencies: list[float]) -> dict[str, float]:
 
 async def window(port: int, args: argparse.Namespace, healthy: Healthy,
                  frame: bytes | None) -> dict[str, Any]:
-    """`args.seconds` of healthy heartbeats while attacker processes send `frame`."""
+    """`args.seconds` of healthy heartbeats while attacker processes send `frame`, and on
+    until the attackers' last requests are answered: a stall an attack causes is its
+    window's even when it outlasts the attack's time (a LeaveGroup of a million members
+    held the loop for half a minute once its sender had stopped)."""
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
     processes = []
@@ -324,14 +327,16 @@ async def window(port: int, args: argparse.Namespace, healthy: Healthy,
         await trio.sleep(0.5)  # the attackers' start-up (spawned interpreters) is not timed
     start, monotonic_start = time.perf_counter(), time.monotonic()
     await trio.sleep(args.seconds - (0.5 if frame is not None else 0))
-    latencies, errors = healthy.between(start, time.perf_counter())
-    monotonic_end = time.monotonic()
     sent = {"sent": 0, "answered": 0, "closed": 0}
     for process in processes:
         outcome = await trio.to_thread.run_sync(results.get, True, 120)
         for key in sent:
             sent[key] += outcome[key]
         await trio.to_thread.run_sync(process.join)
+    if processes:  # the heartbeats held up with the attackers' last requests come back
+        await trio.sleep(2 * healthy.interval_s)
+    latencies, errors = healthy.between(start, time.perf_counter())
+    monotonic_end = time.monotonic()
     return {**_summary(latencies), "errors": len(errors), "first_errors": errors[:3],
             "attack": sent if frame is not None else None,
             "window": (monotonic_start, monotonic_end)}
