@@ -6,7 +6,8 @@ Who runs where (separate OS processes, so the attacker's CPU is not the coordina
 * the coordinator: `connect-coordinator serve --in-memory` on free ports, default limits;
 * HEALTHY members in group "healthy", in this process: joined once, then each heartbeats
   every INTERVAL_MS on its own connection; every heartbeat's latency is recorded, and any
-  error (a member evicted or fenced) is counted;
+  error (a member evicted or fenced) is counted; and one classic member, alone in group
+  "classic" (listing MAX protocols), whose classic heartbeats are timed and counted too;
 * ATTACKERS processes per attack, each on its own connection sending the attack's request
   again as soon as the previous one is answered (or reconnecting if it was closed).
 
@@ -24,7 +25,16 @@ only after the whole frame has been read:
   tagged fields a section may (MAX_TAGGED_FIELDS), filling a frame of the maximum size;
 * `long-url-max-frame`: a heartbeat whose worker url fills a frame of the maximum size
   (refused once decoded);
-* `garbage`: frames of the maximum size whose body does not parse.
+* `garbage`: frames of the maximum size whose body does not parse;
+* `join-max-protocols`: a JoinGroup to group "classic" listing the most protocols it may,
+  none of them the classic member's (refused once checked against the group's);
+* `leave-max-members`: a LeaveGroup of group "classic" naming the most members it may,
+  none of them in it;
+* `describe-groups-max`: a DescribeGroups naming the most groups it may (of ids of the
+  longest allowed, none of them existing);
+* `find-coordinator-max`: a FindCoordinator naming the most keys it may;
+* `leave-over-limit-max-frame`: a LeaveGroup naming as many members as a frame of the
+  maximum size holds (refused as its count is read).
 
 Target: p99 < 20 ms under every attack, no eviction.
 """
@@ -51,6 +61,7 @@ from coordinator.cli import module_command
 from coordinator.client import KafkaClient
 from coordinator.config import ServerConfig
 from coordinator.urls import open_url
+from protocol import classic as wire
 from protocol._codec import INT32, uvarint
 from protocol.framing import FrameBuffer, encode_request
 from protocol.guard import MAX_TAGGED_FIELDS
@@ -85,6 +96,61 @@ def wide_group_tasks(config: ServerConfig) -> int:
     estimated just under the frame limit (coordinator/server/limits.py's estimate)."""
     per_unit = config.max_id_bytes + 6
     return int(config.max_frame_bytes * 0.95) // (3 * per_unit) - 1
+
+
+def _classic(api_key: int, version: int, **values: Any) -> bytes:
+    return encode_request(api_key, version, 1, "attacker",
+                          wire.build(wire.REQUEST_CLASSES[api_key, version], **values))
+
+
+def _classic_struct(api_key: int, version: int, struct: str, **values: Any) -> Any:
+    return wire.build(getattr(wire.module(api_key, version, "request"), struct), **values)
+
+
+def _join_protocols(names: list[str]) -> tuple[Any, ...]:
+    return tuple(_classic_struct(wire.JOIN_GROUP, 3, "JoinGroupRequestProtocol", name=name,
+                                 metadata=b"m") for name in names)
+
+
+def _leave(member_ids: Any) -> bytes:
+    return _classic(wire.LEAVE_GROUP, 5, group_id="classic", members=tuple(
+        _classic_struct(wire.LEAVE_GROUP, 5, "MemberIdentity", member_id=member_id,
+                        group_instance_id=None) for member_id in member_ids))
+
+
+def classic_attacks(config: ServerConfig) -> dict[str, bytes]:
+    """The attacks on Kafka's own APIs (see the module's docstring)."""
+    longest = config.max_id_bytes
+
+    def name(prefix: str, index: int) -> str:
+        return f"{prefix}{index}".rjust(longest, "x")
+
+    join = _classic(wire.JOIN_GROUP, 3, group_id="classic", member_id="",
+                    protocol_type="connect", session_timeout=10_000,
+                    rebalance_timeout=10_000,
+                    protocols=_join_protocols([name("a", index) for index in
+                                               range(config.max_join_protocols)]))
+    # One-letter member ids: as many as a frame of the maximum size holds, 5 bytes each
+    # (written out rather than built: a million entries took seconds to build).
+    empty = _leave(())[4:]
+    assert empty[-2:] == b"\x01\x00"  # no members, no tagged fields
+    over = (config.max_frame_bytes - len(empty) - 8) // 5
+    over_limit = _framed(empty[:-2] + uvarint(over + 1) + b"\x02m\x00\x00\x00" * over
+                         + b"\x00")
+    return {
+        "join-max-protocols": join,
+        "leave-max-members": _leave(name("m", index)
+                                    for index in range(config.max_leave_members)),
+        "describe-groups-max": _classic(wire.DESCRIBE_GROUPS, 5, groups=tuple(
+            name("g", index) for index in range(config.max_describe_groups))),
+        "find-coordinator-max": _classic(wire.FIND_COORDINATOR, 4, key_type=0,
+                                         coordinator_keys=tuple(
+            name("k", index) for index in range(config.max_find_coordinator_keys))),
+        "leave-over-limit-max-frame": over_limit,
+    }
+
+
+CLASSIC_PROTOCOLS = [f"p{index}" for index in range(DEFAULTS.max_join_protocols)]
 
 
 def attacks(config: ServerConfig) -> dict[str, bytes]:
@@ -126,6 +192,7 @@ def attacks(config: ServerConfig) -> dict[str, bytes]:
         "unknown-tags-max-frame": tagged,
         "long-url-max-frame": _request(HEARTBEAT, url),
         "garbage": _framed(garbage_header + b"\x02" + b"\xff" * (frame_room - 100)),
+        **classic_attacks(config),
     }
 
 
@@ -173,6 +240,36 @@ class Healthy:
         async with trio.open_nursery() as nursery:
             for index in range(self.members):
                 nursery.start_soon(self.member, f"healthy-{index}")
+            nursery.start_soon(self.classic_member)
+
+    async def classic_member(self) -> None:
+        """Alone in group "classic": joins (listing CLASSIC_PROTOCOLS), syncs as its
+        leader, then heartbeats; an error is counted and it joins again."""
+        async with await KafkaClient.connect("127.0.0.1", self.port) as client:
+            member_id, generation = "", -1
+            while not self.stop.is_set():
+                if generation < 0:
+                    joined = await client.request(wire.JOIN_GROUP, wire.build(
+                        wire.REQUEST_CLASSES[wire.JOIN_GROUP, 3], group_id="classic",
+                        member_id=member_id, protocol_type="connect",
+                        session_timeout=10_000, rebalance_timeout=10_000,
+                        protocols=_join_protocols(CLASSIC_PROTOCOLS)), 3)
+                    member_id, generation = joined.member_id, int(joined.generation_id)
+                    await client.request(wire.SYNC_GROUP, wire.build(
+                        wire.REQUEST_CLASSES[wire.SYNC_GROUP, 3], group_id="classic",
+                        member_id=member_id, generation_id=generation,
+                        assignments=()), 3)
+                    continue
+                started = time.perf_counter()
+                beat = await client.request(wire.HEARTBEAT, wire.build(
+                    wire.REQUEST_CLASSES[wire.HEARTBEAT, 3], group_id="classic",
+                    member_id=member_id, generation_id=generation), 3)
+                self.samples.append((started, time.perf_counter() - started))
+                code = int(beat.error_code)
+                if code:
+                    self.errors.append((started, f"classic {member_id}: {code}"))
+                    generation = -1
+                await trio.sleep(self.interval_s)
 
     async def member(self, name: str) -> None:
         async with await KafkaClient.connect("127.0.0.1", self.port) as client:
@@ -215,7 +312,10 @@ def _summary(latencies: list[float]) -> dict[str, float]:
 
 async def window(port: int, args: argparse.Namespace, healthy: Healthy,
                  frame: bytes | None) -> dict[str, Any]:
-    """`args.seconds` of healthy heartbeats while attacker processes send `frame`."""
+    """`args.seconds` of healthy heartbeats while attacker processes send `frame`, and on
+    until the attackers' last requests are answered: a stall an attack causes is its
+    window's even when it outlasts the attack's time (a LeaveGroup of a million members
+    held the loop for half a minute once its sender had stopped)."""
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
     processes = []
@@ -227,14 +327,16 @@ async def window(port: int, args: argparse.Namespace, healthy: Healthy,
         await trio.sleep(0.5)  # the attackers' start-up (spawned interpreters) is not timed
     start, monotonic_start = time.perf_counter(), time.monotonic()
     await trio.sleep(args.seconds - (0.5 if frame is not None else 0))
-    latencies, errors = healthy.between(start, time.perf_counter())
-    monotonic_end = time.monotonic()
     sent = {"sent": 0, "answered": 0, "closed": 0}
     for process in processes:
         outcome = await trio.to_thread.run_sync(results.get, True, 120)
         for key in sent:
             sent[key] += outcome[key]
         await trio.to_thread.run_sync(process.join)
+    if processes:  # the heartbeats held up with the attackers' last requests come back
+        await trio.sleep(2 * healthy.interval_s)
+    latencies, errors = healthy.between(start, time.perf_counter())
+    monotonic_end = time.monotonic()
     return {**_summary(latencies), "errors": len(errors), "first_errors": errors[:3],
             "attack": sent if frame is not None else None,
             "window": (monotonic_start, monotonic_end)}
@@ -261,7 +363,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     frames = attacks(DEFAULTS)
     chosen = args.attack or list(frames)
     rows: dict[str, Any] = {}
-    target_args = argparse.Namespace(in_memory=True, set=[])
+    # (no initial delay: the classic member's first join is answered at once)
+    target_args = argparse.Namespace(in_memory=True,
+                                     set=["group.initial.rebalance.delay.ms=0"])
     with tempfile.TemporaryDirectory(prefix="bench-hostile-") as tmp:
         steps_file = Path(tmp) / "loop-steps.json"
         launcher = module_command("bench.loopsteps", str(steps_file)) if args.loop_steps else None

@@ -53,6 +53,17 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     max_owned_units: Annotated[int, Meta(ge=1, le=10_000_000)] = 10_000
     max_group_units: Annotated[int, Meta(ge=1, le=10_000_000)] = 100_000
     max_describe_groups: Annotated[int, Meta(ge=1, le=1_000_000)] = 1_000
+    # The lists Kafka's own APIs may carry. Kafka has no such limits; what its clients
+    # send is small (a worker lists 1-3 protocols, a consumer one per assignor; a leave
+    # names one member, or an admin tool a whole group; a lookup names a few groups or
+    # topics; there are 5 states and 3 group types to filter by), so these are generous,
+    # and at them one request's work is a few milliseconds and its answer well under a
+    # frame (ids being at most group.connect.max.id.bytes).
+    max_join_protocols: Annotated[int, Meta(ge=1, le=100_000)] = 64
+    max_leave_members: Annotated[int, Meta(ge=1, le=1_000_000)] = 1_000
+    max_find_coordinator_keys: Annotated[int, Meta(ge=1, le=1_000_000)] = 1_000
+    max_metadata_topics: Annotated[int, Meta(ge=1, le=1_000_000)] = 1_000
+    max_list_filters: Annotated[int, Meta(ge=1, le=10_000)] = 16
     max_groups: Annotated[int, Meta(ge=1, le=10_000_000)] = 10_000
     # A group with no members and no connectors is deleted after this long (7 days, as
     # Kafka keeps a consumer group's offsets).
@@ -142,6 +153,11 @@ CONFIG_KEYS: dict[str, str] = {
     "group.connect.max.owned.units": "max_owned_units",
     "group.connect.max.units": "max_group_units",
     "group.connect.max.describe.groups": "max_describe_groups",
+    "group.connect.max.join.protocols": "max_join_protocols",
+    "group.connect.max.leave.members": "max_leave_members",
+    "group.connect.max.find.coordinator.keys": "max_find_coordinator_keys",
+    "group.connect.max.metadata.topics": "max_metadata_topics",
+    "group.connect.max.list.filters": "max_list_filters",
     "group.coordinator.max.groups": "max_groups",
     "group.connect.empty.group.retention.ms": "empty_group_retention_ms",
     "server.shutdown.timeout.ms": "shutdown_timeout_ms",

@@ -158,21 +158,33 @@ def timeout_ms(value: Any) -> int:
     return int(value)
 
 
-def error_body(api_key: int, version: int, code: int, group_ids: tuple[str, ...] = ()) -> Any:
-    """The response of an API version reporting `code` and nothing else."""
+def error_body(api_key: int, version: int, code: int, group_ids: tuple[str, ...] = (),
+               message: str | None = None) -> Any:
+    """The response of an API version reporting `code` and nothing else. The answers that
+    are lists of entries (DescribeGroups, FindCoordinator from v4) carry it in an entry per
+    id of `group_ids`, or in one with an empty id (a request refused before its ids were
+    read), so that a client finds the error where it looks; `message` goes where the
+    version has room for it."""
     response_type = RESPONSE_CLASSES[api_key, version]
     if api_key == DESCRIBE_GROUPS:
         groups = tuple(
             nested(api_key, version, "response", "DescribedGroup", error_code=code,
                    group_id=group_id, group_state="Dead")
-            for group_id in group_ids)
+            for group_id in group_ids or ("",))
         return build(response_type, groups=groups)
     if api_key == JOIN_GROUP:
         # (The protocol name may be null from v7 on; before, it is a string.)
         return build(response_type, error_code=code, generation_id=-1,
                      protocol_name=None if version >= 7 else "")
     if api_key == FIND_COORDINATOR and version >= 4:
-        return build(response_type, coordinators=())
+        coordinators = tuple(
+            nested(api_key, version, "response", "Coordinator", key=key, node_id=-1,
+                   host="", port=-1, error_code=code, error_message=message)
+            for key in group_ids or ("",))
+        return build(response_type, coordinators=coordinators)
+    if api_key == FIND_COORDINATOR:
+        return build(response_type, error_code=code, error_message=message, node_id=-1,
+                     port=-1)
     if api_key == METADATA:
         return build(response_type, controller_id=-1)
     return build(response_type, error_code=code)

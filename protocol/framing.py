@@ -598,7 +598,8 @@ def error_response(
         low, high = SUPPORTED_APIS[api_key]
         served = api_version if low <= api_version <= high else low
         return encode_response(api_key, served, correlation_id,
-                               classic.error_body(api_key, served, code, tuple(group_ids)))
+                               classic.error_body(api_key, served, code, tuple(group_ids),
+                                                  message))
     # A Connect API's unsupported version is answered with v0.
     low, high = SUPPORTED_APIS[api_key]
     served = api_version if low <= api_version <= high else 0

@@ -20,6 +20,7 @@ import trio
 from coordinator.core.classic.engine import (
     JOIN,
     PROTOCOL_TYPE,
+    DescribedClassicMember,
     HeartbeatRequest,
     JoinAnswer,
     JoinRequest,
@@ -252,17 +253,25 @@ def listed_groups(core: Any) -> list[tuple[str, str, str, str]]:
     return sorted(listed)
 
 
-def list_groups_response(version: int, body: Any, core: Any) -> Any:
+def list_groups_rows(body: Any, core: Any) -> list[tuple[str, str, str]]:
+    """The groups ListGroups answers with, filtered: (group id, state, group type)."""
     states = {state.lower() for state in getattr(body, "states_filter", ())}
     types = {kind.lower() for kind in getattr(body, "types_filter", ())}
-    listed = [(group_id, state, kind) for group_id, _, state, kind in listed_groups(core)]
+    return [(group_id, state, kind) for group_id, _, state, kind in listed_groups(core)
+            if (not states or state.lower() in states) and (not types or kind in types)]
+
+
+def list_groups_body(version: int, rows: Iterable[tuple[str, str, str]]) -> Any:
     groups = tuple(
         wire.nested(wire.LIST_GROUPS, version, "response", "ListedGroup", group_id=group_id,
                     protocol_type=PROTOCOL_TYPE, group_state=state, group_type=kind)
-        for group_id, state, kind in sorted(listed)
-        if (not states or state.lower() in states) and (not types or kind in types))
+        for group_id, state, kind in rows)
     return wire.build(wire.RESPONSE_CLASSES[wire.LIST_GROUPS, version],
                       error_code=ErrorCode.NONE, groups=groups)
+
+
+def list_groups_response(version: int, body: Any, core: Any) -> Any:
+    return list_groups_body(version, list_groups_rows(body, core))
 
 
 def _assignor_metadata(metadata: Any, assignor: str | None) -> bytes:
@@ -272,44 +281,62 @@ def _assignor_metadata(metadata: Any, assignor: str | None) -> bytes:
                 b"")
 
 
-def describe_groups_response(version: int, body: Any, core: Any) -> Any:
-    described = []
-    for group_id in body.groups:
-        classic_view = core.classic.describe(group_id)
-        if classic_view is not None:
-            members = tuple(
-                wire.nested(wire.DESCRIBE_GROUPS, version, "response", "DescribedGroupMember",
-                            member_id=member.member_id, group_instance_id=member.instance_id,
+@dataclass(frozen=True, slots=True)
+class DescribedGroupSnapshot:
+    """What DescribeGroups shows of one group, taken on the event loop: plain values that
+    later changes to the group do not touch, so the answer can be built elsewhere."""
+
+    group_id: str
+    state: str
+    protocol_type: str
+    protocol: str
+    members: tuple[DescribedClassicMember, ...]
+
+
+def describe_group_snapshot(core: Any, group_id: str) -> DescribedGroupSnapshot:
+    classic_view = core.classic.describe(group_id)
+    if classic_view is not None:
+        return DescribedGroupSnapshot(
+            group_id, classic_view.state, classic_view.protocol_type,
+            classic_view.protocol_name, classic_view.members)
+    connect_view = _connect_group_view(core, group_id)
+    if connect_view is None:
+        return DescribedGroupSnapshot(group_id, "Dead", "", "", ())
+    state, protocol, connect_members = connect_view
+    bridged = core.classic.store.bridged
+    told = [value.protocol_name for member in connect_members
+            if (value := bridged.get((group_id, member.member_id))) is not None]
+    # The protocol classic workers were told names the group's protocol, as a broker
+    # names it; each member's metadata is its Connect metadata for the selected assignor
+    # (the bytes a classic worker sent for that protocol).
+    assignor = core.store.groups[group_id].assignor_name
+    return DescribedGroupSnapshot(
+        group_id, state, PROTOCOL_TYPE, told[0] if told else protocol, tuple(
+            DescribedClassicMember(
+                member.member_id, member.metadata.instance_id if member.metadata else None,
+                "", "", _assignor_metadata(member.metadata, assignor), b"")
+            for member in connect_members))
+
+
+def describe_groups_body(version: int, snapshots: Iterable[DescribedGroupSnapshot]) -> Any:
+    described = tuple(
+        wire.nested(
+            wire.DESCRIBE_GROUPS, version, "response", "DescribedGroup",
+            error_code=ErrorCode.NONE, group_id=group.group_id, group_state=group.state,
+            protocol_type=group.protocol_type, protocol_data=group.protocol,
+            members=tuple(
+                wire.nested(wire.DESCRIBE_GROUPS, version, "response",
+                            "DescribedGroupMember", member_id=member.member_id,
+                            group_instance_id=member.instance_id,
                             client_id=member.client_id, client_host=member.client_host,
                             member_metadata=member.metadata,
                             member_assignment=member.assignment)
-                for member in classic_view.members)
-            state, protocol_type = classic_view.state, classic_view.protocol_type
-            protocol = classic_view.protocol_name
-        elif (connect_view := _connect_group_view(core, group_id)) is not None:
-            state, protocol, connect_members = connect_view
-            protocol_type = PROTOCOL_TYPE
-            bridged = core.classic.store.bridged
-            told = [value.protocol_name for member in connect_members
-                    if (value := bridged.get((group_id, member.member_id))) is not None]
-            # The protocol classic workers were told names the group's protocol, as a
-            # broker names it; each member's metadata is its Connect metadata for the
-            # selected assignor (the bytes a classic worker sent for that protocol).
-            protocol = told[0] if told else protocol
-            assignor = core.store.groups[group_id].assignor_name
-            members = tuple(
-                wire.nested(wire.DESCRIBE_GROUPS, version, "response", "DescribedGroupMember",
-                            member_id=member.member_id,
-                            group_instance_id=member.metadata.instance_id
-                            if member.metadata else None,
-                            member_metadata=_assignor_metadata(member.metadata, assignor))
-                for member in connect_members)
-        else:
-            state, protocol_type, protocol, members = "Dead", "", "", ()
-        described.append(wire.nested(
-            wire.DESCRIBE_GROUPS, version, "response", "DescribedGroup",
-            error_code=ErrorCode.NONE, group_id=group_id, group_state=state,
-            protocol_type=protocol_type, protocol_data=protocol, members=members,
-            authorized_operations=-2147483648))
-    return wire.build(wire.RESPONSE_CLASSES[wire.DESCRIBE_GROUPS, version],
-                      groups=tuple(described))
+                for member in group.members),
+            authorized_operations=-2147483648)
+        for group in snapshots)
+    return wire.build(wire.RESPONSE_CLASSES[wire.DESCRIBE_GROUPS, version], groups=described)
+
+
+def describe_groups_response(version: int, body: Any, core: Any) -> Any:
+    return describe_groups_body(version, (describe_group_snapshot(core, group_id)
+                                          for group_id in body.groups))

@@ -6,6 +6,7 @@ replaying the log gives."""
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -173,6 +174,15 @@ class ClassicMachine(RuleBasedStateMachine):
         for record in self.ctx.log:
             replayed.replay(record)
         assert _state(replayed) == _state(self.ctx.engine.store)
+
+    @invariant()
+    def protocol_support_counts_the_members(self) -> None:
+        for group in self.ctx.engine.store.groups.values():
+            active = [member for member in group.members.values() if not member.pending]
+            support: Counter[str] = Counter()
+            for member in active:
+                support.update({protocol.name for protocol in member.protocols})
+            assert (group.protocol_support, group.supporting) == (support, len(active))
 
     @invariant()
     def parked_requests_belong_to_members(self) -> None:

@@ -188,3 +188,113 @@ def alive(process: ServerProcess, patience_s: float = 3.0) -> bool:
 
 async def client_of(process: ServerProcess) -> KafkaClient:
     return await KafkaClient.connect("127.0.0.1", process.kafka_port)
+
+
+# -- Kafka's own APIs (classic groups and lookups) -----------------------------------------
+
+
+def classic_frame(api_key: int, version: int, struct: str = "", /, **values: Any) -> bytes:
+    """A framed request of one of Kafka's APIs, built with protocol.classic's `build`."""
+    from protocol import classic as wire
+    kind = (getattr(wire.module(api_key, version, "request"), struct) if struct
+            else wire.REQUEST_CLASSES[api_key, version])
+    return encode_request(api_key, version, 7, CLIENT_ID, wire.build(kind, **values))
+
+
+def classic_body(api_key: int, version: int, struct: str, /, **values: Any) -> Any:
+    from protocol import classic as wire
+    return wire.build(getattr(wire.module(api_key, version, "request"), struct), **values)
+
+
+def join_with_protocols(names: list[str], group_id: str = "target", version: int = 9,
+                        member_id: str = "") -> bytes:
+    """A JoinGroup listing a protocol of each name (one byte of metadata each)."""
+    from protocol import classic as wire
+    protocols = tuple(classic_body(wire.JOIN_GROUP, version, "JoinGroupRequestProtocol",
+                                   name=name, metadata=b"m") for name in names)
+    return classic_frame(wire.JOIN_GROUP, version, group_id=group_id, member_id=member_id,
+                         protocol_type="connect", session_timeout=10_000,
+                         rebalance_timeout=10_000, protocols=protocols)
+
+
+def leave_naming(count: int, group_id: str = "target") -> bytes:
+    """A LeaveGroup v5 naming `count` members (none of them in the group)."""
+    from protocol import classic as wire
+    members = tuple(classic_body(wire.LEAVE_GROUP, 5, "MemberIdentity",
+                                 member_id=f"m{index}", group_instance_id=None)
+                    for index in range(count))
+    return classic_frame(wire.LEAVE_GROUP, 5, group_id=group_id, members=members)
+
+
+def describe_groups_naming(count: int) -> bytes:
+    from protocol import classic as wire
+    return classic_frame(wire.DESCRIBE_GROUPS, 5,
+                         groups=tuple(f"group-{index}" for index in range(count)))
+
+
+def find_coordinators_naming(count: int) -> bytes:
+    from protocol import classic as wire
+    return classic_frame(wire.FIND_COORDINATOR, 4, key_type=0,
+                         coordinator_keys=tuple(f"group-{index}" for index in range(count)))
+
+
+def classic_answer(frame: bytes, api_key: int, version: int) -> Any:
+    return decode_response(frame, api_key, version)[1]
+
+
+class HealthyMember:
+    """A Connect member of group "healthy" heartbeating every `interval_s` on its own
+    connection, in a thread, while a test attacks the server; each answer's latency and
+    error code is kept. `answered_after(n)` waits for heartbeats to go on."""
+
+    def __init__(self, port: int, member_id: str = "healthy-1", interval_s: float = 0.1
+                 ) -> None:
+        import threading
+        self.port = port
+        self.member_id = member_id
+        self.interval_s = interval_s
+        self.answers: list[tuple[float, int]] = []  # (latency s, error code)
+        self._stop = threading.Event()
+        self._count = threading.Condition()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> HealthyMember:
+        self._thread.start()
+        assert self.answered_after(0, 30.0), "the healthy member did not join"
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=60)
+
+    def _run(self) -> None:
+        with RawConnection(self.port, timeout_s=120.0) as connection:
+            epoch = 0
+            correlation = 0
+            while not self._stop.is_set():
+                correlation += 1
+                request = heartbeat("healthy", self.member_id, epoch)
+                started = time.monotonic()
+                response = connection.ask(request_frame(HEARTBEAT, request, correlation),
+                                          HEARTBEAT)
+                latency = time.monotonic() - started
+                code = -1 if response is None else int(response.error_code)
+                if code == 0:
+                    epoch = response.member_epoch
+                with self._count:
+                    self.answers.append((latency, code))
+                    self._count.notify_all()
+                if response is None:
+                    return
+                self._stop.wait(self.interval_s)
+
+    def answered_after(self, seen: int, timeout_s: float) -> bool:
+        """Whether more than `seen` heartbeats are answered within `timeout_s`."""
+        with self._count:
+            return self._count.wait_for(lambda: len(self.answers) > seen, timeout_s)
+
+    def errors(self) -> list[int]:
+        return [code for _, code in self.answers if code != 0]
+
+    def longest_s(self) -> float:
+        return max(latency for latency, _ in self.answers)

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import trio
 
 from bench import hostile as bench_hostile
 from coordinator.config import ServerConfig
-from protocol.framing import decode_request
+from coordinator.server.limits import decode_limits
+from protocol.framing import RequestOverLimit, decode_request
 
 
 def test_every_attack_is_a_frame_within_the_limit() -> None:
@@ -17,21 +19,28 @@ def test_every_attack_is_a_frame_within_the_limit() -> None:
         assert len(frame) - 4 <= config.max_frame_bytes, name
     # the legal ones decode (the limits let them through)
     frames = bench_hostile.attacks(config)
+    limits = decode_limits(config)
     for name in ("describe-largest", "describe-max-ids", "heartbeat-max-owned",
-                 "install-max", "unknown-tags-max-frame"):
-        decode_request(frames[name][4:])
+                 "install-max", "unknown-tags-max-frame", "join-max-protocols",
+                 "leave-max-members", "describe-groups-max", "find-coordinator-max"):
+        decode_request(frames[name][4:], limits)
+    with pytest.raises(RequestOverLimit, match="group.connect.max.leave.members"):
+        decode_request(frames["leave-over-limit-max-frame"][4:], limits)
 
 
 def test_a_short_run_reports_each_window() -> None:
     lines: list[str] = []
     bench_hostile.main(["--seconds", "1.5", "--warm-up", "1", "--healthy", "2",
-                        "--attackers", "1", "--attack", "describe-max-ids", "--json"],
+                        "--attackers", "1", "--attack", "describe-max-ids",
+                        "--attack", "leave-max-members", "--json"],
                        printer=lines.append)
     rows = json.loads(lines[-1])
-    assert set(rows) == {"baseline", "describe-max-ids"}
-    attacked = rows["describe-max-ids"]
-    assert attacked["attack"]["sent"] > 0 and attacked["count"] > 0
-    assert attacked["errors"] == 0 and rows["baseline"]["errors"] == 0
+    assert set(rows) == {"baseline", "describe-max-ids", "leave-max-members"}
+    for name in ("describe-max-ids", "leave-max-members"):
+        attacked = rows[name]
+        assert attacked["attack"]["sent"] > 0 and attacked["count"] > 0
+        assert attacked["errors"] == 0, attacked["first_errors"]
+    assert rows["baseline"]["errors"] == 0
     # the coordinator's event loop was timed (bench/loopsteps.py), each window on its own
     for row in rows.values():
         assert row["loop_step_cpu_ms"] > 0 and row["loop_step_wall_ms"] > 0

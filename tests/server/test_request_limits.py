@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from coordinator.config import CONFIG_KEYS as FIELD_KEYS_BY_NAME
 from coordinator.config import ServerConfig
 from coordinator.server.limits import decode_limits
 from protocol import classic as wire
@@ -88,3 +89,72 @@ def test_a_heartbeat_field_over_its_limit_is_refused(field: str, size: int, key:
         decode_request(_frame(1000, 0, ConnectGroupHeartbeatRequest(**values)), LIMITS)
     values[field] = "x" * (size - 1)
     assert decode_request(_frame(1000, 0, ConnectGroupHeartbeatRequest(**values)), LIMITS)
+
+
+# -- the lists Kafka's own APIs carry --------------------------------------------------------
+
+LISTS = ServerConfig(max_join_protocols=3, max_leave_members=2, max_describe_groups=2,
+                     max_find_coordinator_keys=2, max_metadata_topics=2, max_list_filters=2,
+                     max_size=2)
+LIST_LIMITS = decode_limits(LISTS)
+
+
+def _protocols(version: int, count: int) -> tuple[Any, ...]:
+    kind = wire.module(wire.JOIN_GROUP, version, "request").JoinGroupRequestProtocol
+    return tuple(wire.build(kind, name=f"p{index}", metadata=b"m") for index in range(count))
+
+
+def _assignments(count: int) -> tuple[Any, ...]:
+    kind = wire.module(wire.SYNC_GROUP, 5, "request").SyncGroupRequestAssignment
+    return tuple(wire.build(kind, member_id=f"m{index}", assignment=b"a")
+                 for index in range(count))
+
+
+def _leavers(count: int) -> tuple[Any, ...]:
+    kind = wire.module(wire.LEAVE_GROUP, 5, "request").MemberIdentity
+    return tuple(wire.build(kind, member_id=f"m{index}") for index in range(count))
+
+
+def _topics(count: int) -> tuple[Any, ...]:
+    kind = wire.module(wire.METADATA, 12, "request").MetadataRequestTopic
+    return tuple(wire.build(kind, name=f"t{index}", topic_id=None) for index in range(count))
+
+
+LIST_CASES = {
+    "group.connect.max.join.protocols": lambda n: _join(9, protocols=_protocols(9, n)),
+    "group.connect.max.size": lambda n: _classic(
+        wire.SYNC_GROUP, 5, group_id="g", member_id="m", assignments=_assignments(n)),
+    "group.connect.max.leave.members": lambda n: _classic(
+        wire.LEAVE_GROUP, 5, group_id="g", members=_leavers(n)),
+    "group.connect.max.describe.groups": lambda n: _classic(
+        wire.DESCRIBE_GROUPS, 5, groups=tuple(f"g{index}" for index in range(n))),
+    "group.connect.max.find.coordinator.keys": lambda n: _classic(
+        wire.FIND_COORDINATOR, 6, coordinator_keys=tuple(f"k{index}" for index in range(n))),
+    "group.connect.max.metadata.topics": lambda n: _classic(
+        wire.METADATA, 12, topics=_topics(n)),
+    "group.connect.max.list.filters": lambda n: _classic(
+        wire.LIST_GROUPS, 5, states_filter=("Stable",) * n),
+}
+
+
+@pytest.mark.parametrize("key", sorted(LIST_CASES))
+def test_a_list_over_its_limit_is_refused_naming_the_key(key: str) -> None:
+    field = FIELD_KEYS_BY_NAME[key]
+    limit = getattr(LISTS, field)
+    assert decode_request(LIST_CASES[key](limit), LIST_LIMITS)
+    with pytest.raises(RequestOverLimit, match=rf"{limit + 1} elements.*{key}"):
+        decode_request(LIST_CASES[key](limit + 1), LIST_LIMITS)
+
+
+def test_a_list_groups_types_filter_is_limited_too() -> None:
+    frame = _classic(wire.LIST_GROUPS, 5, types_filter=("classic", "connect", "consumer"))
+    with pytest.raises(RequestOverLimit, match="group.connect.max.list.filters"):
+        decode_request(frame, LIST_LIMITS)
+
+
+@pytest.mark.parametrize("api_key", [wire.FIND_COORDINATOR, wire.DESCRIBE_GROUPS])
+def test_a_name_a_lookup_asks_for_is_held_to_the_id_limit(api_key: int) -> None:
+    frame = (_classic(api_key, 6, coordinator_keys=("k" * 65,)) if api_key == wire.FIND_COORDINATOR
+             else _classic(api_key, 5, groups=("g" * 65,)))
+    with pytest.raises(RequestOverLimit, match="group.connect.max.id.bytes"):
+        decode_request(frame, LIMITS)

@@ -939,9 +939,7 @@ class ClassicBridge:
         for member_id, instance_id in request.members:
             target = member_id
             if instance_id is not None and group is not None:
-                owner = next((m.member_id for m in group.members.values()
-                              if m.metadata is not None and m.metadata.instance_id == instance_id),
-                             None)
+                owner = group.instances.get(instance_id)  # (not a walk over the members)
                 if owner is None or (member_id and owner != member_id):
                     code = ErrorCode.UNKNOWN_MEMBER_ID if owner is None \
                         else ErrorCode.FENCED_INSTANCE_ID

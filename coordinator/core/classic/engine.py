@@ -81,6 +81,8 @@ CLASSIC_REBALANCE_REASONS = (
 
 JOIN = "join"
 SYNC = "sync"
+# A refused join's message names this many of its protocols at most.
+_NAMES_TOLD = 10
 WaiterKey = tuple[str, str, str]  # (JOIN or SYNC, group id, member id)
 
 
@@ -396,9 +398,11 @@ class ClassicEngine:
             change.write(metadata_record(request.group_id, new_metadata(PROTOCOL_TYPE)))
             group = self.store.groups[request.group_id]
         elif not self._supports(group, request):
+            listed = [name for name, _ in request.protocols[:_NAMES_TOLD]]
+            more = len(request.protocols) - len(listed)
             raise _ClassicError(
                 ErrorCode.INCONSISTENT_GROUP_PROTOCOL,
-                f"none of the protocols {[name for name, _ in request.protocols]} is "
+                f"none of the protocols {listed}{f' (and {more} more)' if more else ''} is "
                 f"supported by every member of group {request.group_id!r}")
         if request.member_id:
             return self._join_known(group, request, change, now_ms)
@@ -406,20 +410,34 @@ class ClassicEngine:
 
     @staticmethod
     def _candidates(members: Iterable[ClassicGroupMemberValue]) -> list[str] | None:
-        """The protocols every member supports, in the first member's order."""
-        common: list[str] | None = None
-        for member in members:
-            names = [protocol.name for protocol in member.protocols]
-            common = names if common is None else [name for name in common if name in names]
-        return common
+        """The protocols every member supports, in the first member's order (None: no
+        members). Each name is counted once per member that lists it: linear in the
+        names listed, however many there are."""
+        listed = list(members)
+        if not listed:
+            return None
+        support: Counter[str] = Counter()
+        for member in listed:
+            support.update({protocol.name for protocol in member.protocols})
+        everyone = len(listed)
+        return list(dict.fromkeys(protocol.name for protocol in listed[0].protocols
+                                  if support[protocol.name] == everyone))
 
-    def _supports(self, group: ClassicGroup, request: JoinRequest) -> bool:
-        others = [member for member_id, member in group.active().items()
-                  if member_id != request.member_id]
-        candidates = self._candidates(others)
-        if candidates is None:
+    @staticmethod
+    def _supports(group: ClassicGroup, request: JoinRequest) -> bool:
+        """Whether the join lists a protocol every other member supports, read from the
+        group's count of members supporting each (`protocol_support`): as long as the
+        join's own list and its member's, not the group's."""
+        member = group.members.get(request.member_id) if request.member_id else None
+        mine: frozenset[str] = frozenset()
+        if member is not None and not member.pending:
+            mine = frozenset(protocol.name for protocol in member.protocols)
+        others = group.supporting - (1 if member is not None and not member.pending else 0)
+        if others <= 0:
             return True
-        return any(name in candidates for name, _ in request.protocols)
+        support = group.protocol_support
+        return any(support.get(name, 0) - (name in mine) == others
+                   for name, _ in request.protocols)
 
     def _check_instance(self, group: ClassicGroup, member_id: str,
                         instance_id: str | None) -> None:
@@ -436,7 +454,7 @@ class ClassicEngine:
         if request.instance_id is not None and request.instance_id in group.instances:
             return self._replace_static(group, group.instances[request.instance_id], request,
                                         change, now_ms)
-        if len(group.active()) >= self.config.max_size:
+        if group.supporting >= self.config.max_size:
             raise _ClassicError(ErrorCode.GROUP_MAX_SIZE_REACHED,
                                 f"group {group.group_id!r} has {self.config.max_size} members")
         member_id = self.new_member_id(request.client_id)
@@ -500,7 +518,7 @@ class ClassicEngine:
             raise _ClassicError(ErrorCode.UNKNOWN_MEMBER_ID,
                                 f"member {member_id!r} is not in group {group.group_id!r}")
         if member.pending:
-            if len(group.active()) >= self.config.max_size:
+            if group.supporting >= self.config.max_size:
                 raise _ClassicError(ErrorCode.GROUP_MAX_SIZE_REACHED,
                                     f"group {group.group_id!r} has {self.config.max_size} members")
             return self._add_and_rebalance(group, member_id, request, change, now_ms)
@@ -646,9 +664,10 @@ class ClassicEngine:
         candidates = ClassicEngine._candidates(listed) or []
         if not candidates:  # cannot happen: joins are checked against the others
             return listed[0].protocols[0].name
+        common = frozenset(candidates)
         votes: Counter[str] = Counter()
         for member in listed:
-            votes[next(p.name for p in member.protocols if p.name in candidates)] += 1
+            votes[next(p.name for p in member.protocols if p.name in common)] += 1
         best = max(votes.values())
         return next(name for name in candidates if votes[name] == best)
 

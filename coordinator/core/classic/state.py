@@ -4,13 +4,14 @@ A classic group is its metadata record (generation, phase, leader, the deadline 
 phase) plus one record per member (its JoinGroup, whether it joined this round and synced
 this generation, the assignment the leader gave it). The record values are kept as they
 are: a change is a new value, and the value held now is what undoes a later one.
-Derived here: the instance id index.
+Derived here: the instance id index and the count of members supporting each protocol.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,6 +65,22 @@ class ClassicGroup:
     meta: ClassicGroupMetadataValue
     members: dict[str, ClassicGroupMemberValue] = field(default_factory=dict)
     instances: dict[str, str] = field(default_factory=dict)  # instance id -> member id
+    # Protocol name -> how many members (not pending ones) list it, and how many members
+    # are counted: whether a join lists a protocol every other member supports is then
+    # read in time proportional to the join's own list, whatever the group's size.
+    protocol_support: Counter[str] = field(default_factory=Counter)
+    supporting: int = 0
+
+    def count_support(self, member: ClassicGroupMemberValue, step: int) -> None:
+        """Count `member`'s protocols in (step 1) or out (step -1) of `protocol_support`."""
+        if member.pending:
+            return
+        self.supporting += step
+        support = self.protocol_support
+        for name in {protocol.name for protocol in member.protocols}:
+            support[name] += step
+            if not support[name]:
+                del support[name]
 
     @property
     def state(self) -> ClassicState:
@@ -168,6 +185,8 @@ class ClassicStore:
             group = self.groups[key.group_id] = ClassicGroup(key.group_id,
                                                              new_metadata("connect"))
         previous = group.members.get(key.member_id)
+        if previous is not None:
+            group.count_support(previous, -1)
         if previous is not None and previous.instance_id is not None:
             if group.instances.get(previous.instance_id) == key.member_id:
                 del group.instances[previous.instance_id]
@@ -175,6 +194,7 @@ class ClassicStore:
             group.members.pop(key.member_id, None)
             return
         group.members[key.member_id] = value
+        group.count_support(value, 1)
         if value.instance_id is not None:
             group.instances[value.instance_id] = key.member_id
 
