@@ -4,7 +4,9 @@ Everything that affects a classic group's state lives in this file and `state.py
 
 Theory of operation. A classic group moves through four states:
 
-- Empty: no members. A JoinGroup starts a join phase (PreparingRebalance). The first
+- Empty: no members. The phase deadline is when the group expires: an empty group goes
+  after `group.connect.empty.group.retention.ms`, as an empty connect group does (its
+  settings with it). A JoinGroup starts a join phase (PreparingRebalance). The first
   phase of an empty group waits `group.initial.rebalance.delay.ms` (each new member pushes
   the end back by the delay again, never past the largest rebalance timeout from the
   start), so that workers started together land in one generation.
@@ -21,13 +23,22 @@ Theory of operation. A classic group moves through four states:
   a join phase answer REBALANCE_IN_PROGRESS.
 
 Deadlines that change behaviour (the end of a join phase, by when members must have sent
-SyncGroup) are in the group's record; so are whether each member joined this round and
-synced this generation. Timers are derived from that state (`timers`), after loading the
-log as after a rollback, and a timer that fires checks the recorded deadline, so a stale
-one does nothing. Session timers are re-armed by every request and, after a restart, start
-afresh. Parked requests are the shell's: the engine names them by `WaiterKey` and hands
-their answers back in `Result.releases`, which the shell delivers once the records of the
-change are durable.
+SyncGroup, when an empty group expires) are in the group's record; so are whether each
+member joined this round and synced this generation. Timers are derived from that state
+(`timers`), after loading the log as after a rollback, and a timer that fires checks the
+recorded deadline, so a stale one does nothing. Session timers are re-armed by every
+request and, after a restart, start afresh. Parked requests are the shell's: the engine
+names them by `WaiterKey` and hands their answers back in `Result.releases`, which the
+shell delivers once the records of the change are durable.
+
+Pending members. A v4+ JoinGroup without a member id is told MEMBER_ID_REQUIRED with a
+fresh id, and that id is a member record marked pending, written without the request's
+protocols (they come again with the real join): a record, so a restart or a rollback
+finds exactly what the log says, and the few bytes of an id cost no more than any other
+change. They count against `group.connect.max.size` in their group and against
+`group.connect.classic.max.pending.members` in all, and go after the join's rebalance
+timeout (never later than `group.max.session.timeout.ms`), not its session: a worker
+told its id comes back at once.
 """
 
 from __future__ import annotations
@@ -54,7 +65,16 @@ from coordinator.core.classic.state import (
     replace_meta,
 )
 from coordinator.core.classic.view import member_views
-from coordinator.core.result import Event, Record, Result, TimerCancel, TimerKey, TimerOp, TimerSet
+from coordinator.core.result import (
+    Event,
+    Record,
+    Result,
+    TimerCancel,
+    TimerClearGroup,
+    TimerKey,
+    TimerOp,
+    TimerSet,
+)
 from protocol.errors import ApiError, ErrorCode
 from protocol.messages import ClassicGroupMemberValue
 
@@ -278,6 +298,11 @@ class ClassicEngine:
         # group's own, set through the admin API, else the server's).
         self.classic_joiner_type: Callable[[str], str] = \
             lambda group_id: self.config.classic_group_type
+        # Set by the coordinator: raises (ApiError) when a new group `group_id` would take
+        # the coordinator past `group.coordinator.max.groups`, counting both types; and the
+        # records that forget what the admin API set for a group that goes for good.
+        self.check_room: Callable[[str], None] = lambda group_id: None
+        self.forget_settings: Callable[[str, Any], None] = lambda group_id, change: None
 
     def _bridged(self, group_id: str) -> bool:
         return self.bridge is not None and self.bridge.handles(group_id)
@@ -294,10 +319,26 @@ class ClassicEngine:
                 continue
             if group.meta.phase_deadline_ms != NO_DEADLINE:
                 operations.append(TimerSet(_phase_key(group_id), group.meta.phase_deadline_ms))
+            elif group.state is ClassicState.EMPTY:
+                # Emptied before empty groups expired: the timer writes its deadline.
+                operations.append(TimerSet(_phase_key(group_id), now_ms))
             for member_id, member in group.members.items():
                 operations.append(TimerSet(_session_key(group_id, member_id),
-                                           now_ms + member.session_timeout_ms))
+                                           now_ms + self._lifetime(member)))
         return operations
+
+    def _lifetime(self, member: ClassicGroupMemberValue) -> int:
+        """How long a member lives without a word: its session, or for a pending one the
+        rebalance timeout of its join, within the longest session a join may ask for."""
+        if not member.pending:
+            return member.session_timeout_ms
+        return max(0, min(member.rebalance_timeout_ms,
+                          self.config.classic_max_session_timeout_ms))
+
+    def _empty_metadata(self, now_ms: int) -> Any:
+        """A new empty group's record: it expires after the retention unless joined."""
+        return replace_meta(new_metadata(PROTOCOL_TYPE),
+                            phase_deadline_ms=now_ms + self.config.empty_group_retention_ms)
 
     def give_up_empty(self, group_id: str, change: Any) -> None:
         """Before a connect group `group_id` is created: an empty classic group of that id
@@ -313,12 +354,29 @@ class ClassicEngine:
             change.write(member_record(group_id, member_id, None))
         change.write(metadata_record(group_id, None))
 
-    def keep_empty(self, group_id: str, change: Any) -> None:
+    def keep_empty(self, group_id: str, change: Any, now_ms: int) -> None:
         """An empty classic group `group_id` (unless it is one already): the group set to
         `classic` through the admin config API while it is empty or new. (The type itself
         is the coordinator's record, `GroupType`, kept whichever the group's type.)"""
         if group_id not in self.store.groups:
-            change.write(metadata_record(group_id, new_metadata(PROTOCOL_TYPE)))
+            meta = self._empty_metadata(now_ms)
+            change.write(metadata_record(group_id, meta))
+            change.timers.append(TimerSet(_phase_key(group_id), meta.phase_deadline_ms))
+
+    def delete_empty(self, group_id: str, change: Any) -> None:
+        """The records that delete the classic group `group_id`, empty (pending members go
+        with it), and its settings; its timers cleared. One with members is refused as a
+        connect group with members is."""
+        group = self.store.groups[group_id]
+        active = len(group.active())
+        if active:
+            raise ApiError(ErrorCode.NON_EMPTY_GROUP,
+                           f"group {group_id} still has {active} member(s)")
+        for member_id in list(group.members):
+            change.write(member_record(group_id, member_id, None))
+        change.write(metadata_record(group_id, None))
+        change.timers.append(TimerClearGroup(group_id))
+        self.forget_settings(group_id, change)
 
     def replay(self, record: Record) -> None:
         self.store.replay(record)
@@ -389,11 +447,20 @@ class ClassicEngine:
                 ErrorCode.INCONSISTENT_GROUP_PROTOCOL,
                 f"group {request.group_id!r} is a connect group")
         group = self.store.groups.get(request.group_id)
+        if not request.member_id and request.instance_id is None \
+                and request.require_known_member_id:
+            self._check_pending_room(group, request.group_id)
         if group is None:
             if request.member_id:
                 raise _ClassicError(ErrorCode.UNKNOWN_MEMBER_ID,
                                     f"group {request.group_id!r} does not exist")
-            change.write(metadata_record(request.group_id, new_metadata(PROTOCOL_TYPE)))
+            try:
+                self.check_room(request.group_id)
+            except ApiError as error:
+                raise _ClassicError(error.code, error.message) from None
+            meta = self._empty_metadata(now_ms)
+            change.write(metadata_record(request.group_id, meta))
+            change.timers.append(TimerSet(_phase_key(request.group_id), meta.phase_deadline_ms))
             group = self.store.groups[request.group_id]
         elif not self._supports(group, request):
             raise _ClassicError(
@@ -403,6 +470,21 @@ class ClassicEngine:
         if request.member_id:
             return self._join_known(group, request, change, now_ms)
         return self._join_new(group, request, change, now_ms)
+
+    def _check_pending_room(self, group: ClassicGroup | None, group_id: str) -> None:
+        """Room for one more member only told MEMBER_ID_REQUIRED: in its group (members and
+        pending ones count against the group size, as at a broker), and among all the
+        pending members. The second is the coordinator's limit, not the group's: the
+        worker is told to retry, as when the coordinator is away."""
+        if group is not None and len(group.members) >= self.config.max_size:
+            raise _ClassicError(ErrorCode.GROUP_MAX_SIZE_REACHED,
+                                f"group {group_id!r} has {self.config.max_size} members, "
+                                "pending ones included (group.connect.max.size)")
+        limit = self.config.classic_max_pending_members
+        if self.store.pending_total >= limit:
+            raise _ClassicError(ErrorCode.COORDINATOR_NOT_AVAILABLE,
+                                f"{limit} members told MEMBER_ID_REQUIRED have not joined "
+                                "yet (group.connect.classic.max.pending.members)")
 
     @staticmethod
     def _candidates(members: Iterable[ClassicGroupMemberValue]) -> list[str] | None:
@@ -436,16 +518,17 @@ class ClassicEngine:
         if request.instance_id is not None and request.instance_id in group.instances:
             return self._replace_static(group, group.instances[request.instance_id], request,
                                         change, now_ms)
-        if len(group.active()) >= self.config.max_size:
+        if len(group.members) >= self.config.max_size:  # (pending ones count)
             raise _ClassicError(ErrorCode.GROUP_MAX_SIZE_REACHED,
                                 f"group {group.group_id!r} has {self.config.max_size} members")
         member_id = self.new_member_id(request.client_id)
         if request.instance_id is None and request.require_known_member_id:
             # It must come back with this id: then it is a member (Kafka's KIP-394).
-            change.write(member_record(group.group_id, member_id,
-                                       self._member_value(request, None, pending=True)))
+            # Until then its protocols are not kept (see the module docstring).
+            pending = self._member_value(request, None, pending=True)
+            change.write(member_record(group.group_id, member_id, pending))
             change.timers.append(TimerSet(_session_key(group.group_id, member_id),
-                                          now_ms + request.session_timeout_ms))
+                                          now_ms + self._lifetime(pending)))
             return JoinAnswer(ErrorCode.MEMBER_ID_REQUIRED, member_id)
         return self._add_and_rebalance(group, member_id, request, change, now_ms)
 
@@ -459,7 +542,7 @@ class ClassicEngine:
             session_timeout_ms=request.session_timeout_ms,
             rebalance_timeout_ms=request.rebalance_timeout_ms,
             pending=pending,
-            protocols=protocols_of(request.protocols),
+            protocols=() if pending else protocols_of(request.protocols),
             joined_generation=joined_generation,
             synced_generation=previous.synced_generation if previous else -1,
             assignment_generation=previous.assignment_generation if previous else -1,
@@ -610,7 +693,7 @@ class ClassicEngine:
             self._remove(group, member_id, change, "not_rejoined")
         generation = group.generation + 1
         if not joined:
-            self._become_empty(group, change, generation)
+            self._become_empty(group, change, generation, now_ms)
             return
         protocol = self._select_protocol(joined.values())
         leader = group.meta.leader if group.meta.leader in joined else next(iter(joined))
@@ -630,13 +713,15 @@ class ClassicEngine:
         change.event("classic_join_completed", group, leader=leader, protocol=protocol,
                      members=len(joined))
 
-    def _become_empty(self, group: ClassicGroup, change: _Change, generation: int) -> None:
+    def _become_empty(self, group: ClassicGroup, change: _Change, generation: int,
+                      now_ms: int) -> None:
+        expire_at = now_ms + self.config.empty_group_retention_ms
         change.write(metadata_record(group.group_id, replace_meta(
             group.meta, generation=generation, state=ClassicState.EMPTY, protocol_name=None,
-            leader=None, phase_started_ms=NO_DEADLINE, phase_deadline_ms=NO_DEADLINE,
+            leader=None, phase_started_ms=NO_DEADLINE, phase_deadline_ms=expire_at,
             initial_delay=False)))
-        change.timers.append(TimerCancel(_phase_key(group.group_id)))
-        change.event("classic_group_emptied", group)
+        change.timers.append(TimerSet(_phase_key(group.group_id), expire_at))
+        change.event("classic_group_emptied", group, expire_at_ms=expire_at)
 
     @staticmethod
     def _select_protocol(members: Iterable[ClassicGroupMemberValue]) -> str:
@@ -667,7 +752,7 @@ class ClassicEngine:
         if state is ClassicState.EMPTY:
             return
         if not group.active():
-            self._become_empty(group, change, group.generation + 1)
+            self._become_empty(group, change, group.generation + 1, now_ms)
         elif state is ClassicState.PREPARING_REBALANCE:
             self._maybe_complete_join(group, change, now_ms)
         else:
@@ -819,14 +904,35 @@ class ClassicEngine:
     # ------------------------------------------------------------------ timers
     def on_timer(self, key: TimerKey, now_ms: int) -> Result[None]:
         kind, group_id, member_id = key
-        change = _Change(self.store)
         group = self.store.groups.get(group_id)
+        if group is not None and kind == CLASSIC_PHASE_TIMER \
+                and group.state is ClassicState.EMPTY:
+            return self._empty_phase_ended(group, now_ms)
+        change = _Change(self.store)
         if group is None:
             return change.result(None)
         if kind == CLASSIC_PHASE_TIMER:
             self._phase_ended(group, change, now_ms)
         elif kind == CLASSIC_SESSION_TIMER:
             self._session_expired(group, member_id, change, now_ms)
+        return change.result(None)
+
+    def _empty_phase_ended(self, group: ClassicGroup, now_ms: int) -> Result[None]:
+        """An empty group's deadline: it expires, with its settings (records of the
+        coordinator's store, hence a change on it); one without a deadline (emptied
+        before empty groups expired) is given one now."""
+        change = _Change(self.connect_records)
+        deadline = group.meta.phase_deadline_ms
+        if deadline == NO_DEADLINE:
+            deadline = now_ms + self.config.empty_group_retention_ms
+            change.write(metadata_record(group.group_id, replace_meta(
+                group.meta, phase_deadline_ms=deadline)))
+        if now_ms < deadline:
+            change.timers.append(TimerSet(_phase_key(group.group_id), deadline))
+            return change.result(None)
+        change.event("group_expired", group, pending=len(group.members),
+                     retention_ms=self.config.empty_group_retention_ms)
+        self.delete_empty(group.group_id, change)
         return change.result(None)
 
     def _phase_ended(self, group: ClassicGroup, change: _Change, now_ms: int) -> None:
@@ -866,7 +972,8 @@ class ClassicEngine:
             change.timers.append(TimerSet(_session_key(group.group_id, member_id),
                                           now_ms + member.session_timeout_ms))
             return
-        self._remove(group, member_id, change, "session_timeout")
+        self._remove(group, member_id, change,
+                     "pending_timeout" if member.pending else "session_timeout")
         if not member.pending:
             self._after_removal(group, change, now_ms, REASON_SESSION_TIMEOUT)
 
@@ -880,7 +987,8 @@ class ClassicEngine:
                                              view.holds)
             for view in sorted(member_views(group), key=lambda view: view.member_id))
         return describing.ClassicSnapshot(group_id, group.state.name, group.meta.generation,
-                                          group.meta.protocol_name, members)
+                                          group.meta.protocol_name, members,
+                                          tuple(sorted(group.pending())))
 
     def describe(self, group_id: str) -> DescribedClassicGroup | None:
         group = self.store.groups.get(group_id)
