@@ -320,3 +320,18 @@ def test_a_bridged_group_is_deleted_by_the_connect_rule() -> None:
     _apply(ctx, ctx.core.delete_group("g", ctx.now))
     assert "g" not in ctx.core.store.groups
     assert not [key for key in ctx.engine.store.bridged if key[0] == "g"]
+
+
+@pytest.mark.parametrize("group_type", ["classic", "connect"])
+def test_a_member_id_fits_the_id_limit_whatever_the_client_id(group_type: str) -> None:
+    """A member id is the client id and a suffix: cut to `group.connect.max.id.bytes`, or
+    a worker with a long client id could never come back with it (and its pending
+    record would be as large as its client id, twice)."""
+    ctx = ClassicContext(classic_group_type=group_type)
+    worker = (("sessioned", encode_worker_metadata(WorkerMetadata(2, "http://w1", 0))),)
+    answer = ctx.join("", protocols=worker, client_id="é" * 1_000)
+    assert isinstance(answer, JoinAnswer) and answer.error == E.MEMBER_ID_REQUIRED
+    assert len(answer.member_id.encode()) <= ctx.config.max_id_bytes
+    assert answer.member_id.startswith("éé")
+    joined = ctx.join(answer.member_id, protocols=worker, client_id="é" * 1_000)
+    assert not isinstance(joined, JoinAnswer) or joined.error == E.NONE, joined

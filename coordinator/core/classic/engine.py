@@ -267,6 +267,10 @@ def _new_member_id(client_id: str) -> str:
     return f"{client_id or 'member'}-{uuid.uuid4()}"
 
 
+# What a member id generator adds to the client id (a uuid: 37 bytes) fits in this.
+MEMBER_ID_SUFFIX_BYTES = 64
+
+
 # ---------------------------------------------------------------------- the engine
 
 
@@ -303,6 +307,15 @@ class ClassicEngine:
         # records that forget what the admin API set for a group that goes for good.
         self.check_room: Callable[[str], None] = lambda group_id: None
         self.forget_settings: Callable[[str, Any], None] = lambda group_id, change: None
+
+    def fresh_member_id(self, client_id: str) -> str:
+        """A new member id: the client id, cut so that the id fits
+        `group.connect.max.id.bytes` (the worker sends it back, and a longer one would be
+        refused), and a unique suffix."""
+        room = max(0, self.config.max_id_bytes - MEMBER_ID_SUFFIX_BYTES)
+        if len(client_id) > room // 4:  # (4 bytes a character at most)
+            client_id = client_id.encode("utf-8", "surrogatepass")[:room].decode("utf-8", "ignore")
+        return self.new_member_id(client_id)
 
     def _bridged(self, group_id: str) -> bool:
         return self.bridge is not None and self.bridge.handles(group_id)
@@ -521,7 +534,7 @@ class ClassicEngine:
         if len(group.members) >= self.config.max_size:  # (pending ones count)
             raise _ClassicError(ErrorCode.GROUP_MAX_SIZE_REACHED,
                                 f"group {group.group_id!r} has {self.config.max_size} members")
-        member_id = self.new_member_id(request.client_id)
+        member_id = self.fresh_member_id(request.client_id)
         if request.instance_id is None and request.require_known_member_id:
             # It must come back with this id: then it is a member (Kafka's KIP-394).
             # Until then its protocols are not kept (see the module docstring).
@@ -628,7 +641,7 @@ class ClassicEngine:
         """A known instance id with a new member id: the new one takes the old one's place
         (KIP-345); the old one is fenced."""
         old = group.members[old_id]
-        new_id = self.new_member_id(request.client_id)
+        new_id = self.fresh_member_id(request.client_id)
         same = old.protocols == protocols_of(request.protocols)
         state = group.state
         joined = group.generation + 1 if state is ClassicState.PREPARING_REBALANCE \
