@@ -4,6 +4,7 @@ cost neither memory nor disk for their protocols and are bounded; classic groups
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from protocol import classic as wire
 from protocol.errors import ErrorCode
 from tests.server.test_classic_tcp import join, request
 
-from .helpers import ServerProcess
+from .helpers import ROOT, ServerProcess
 
 E = ErrorCode
 SETTINGS = ["group.initial.rebalance.delay.ms=0", "group.min.session.timeout.ms=1000"]
@@ -87,6 +88,12 @@ async def test_member_id_required_joins_with_big_protocols_stay_small_and_bounde
         assert grown_rss < 40_000_000, grown_rss  # before: about 80 MB for 20 joins
         view = await server.group("g")
         assert len(view["pending_members"]) == 5 and view["members"] == []
+        described = await trio.run_process(
+            [sys.executable, "-m", "coordinator.cli", "describe", "--bootstrap",
+             f"127.0.0.1:{server.kafka_port}", "g"], capture_stdout=True, cwd=ROOT)
+        rows = [line.split() for line in described.stdout.decode().splitlines()]
+        pending = sorted(row[0] for row in rows if row[4:5] == ["PENDING"])  # (STATE)
+        assert pending == sorted(m["member_id"] for m in view["pending_members"]), rows
     finally:
         server.kill()
 
