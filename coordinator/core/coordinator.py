@@ -216,6 +216,8 @@ class GroupCoordinator:
         self.classic.classic_joiner_type = self.classic_joiner_type
         self.classic.check_room = self.check_room
         self.classic.forget_settings = self._forget_settings
+        self.classic.has_settings = \
+            lambda group_id: group_id in self.store.settings or group_id in self.store.types
 
     # ------------------------------------------------------------------ records
     def replay(self, record: Record) -> None:

@@ -95,6 +95,7 @@ def test_pending_members_are_bounded_in_total() -> None:
 
 def test_a_pending_member_expires_after_its_rebalance_timeout_not_its_session() -> None:
     ctx = ClassicContext()
+    ctx.new_member("g", session_ms=1_800_000)  # (keeps the group)
     answer = ctx.join("", session_ms=1_800_000, rebalance_ms=5_000)
     assert isinstance(answer, JoinAnswer) and answer.error == E.MEMBER_ID_REQUIRED
     assert answer.member_id in _pending(ctx)
@@ -110,6 +111,7 @@ def test_a_pending_member_expires_after_its_rebalance_timeout_not_its_session() 
 
 def test_a_pending_member_lives_no_longer_than_the_longest_session() -> None:
     ctx = ClassicContext(classic_max_session_timeout_ms=20_000)
+    ctx.new_member("g", session_ms=20_000, rebalance_ms=60_000)  # (keeps the group)
     answer = ctx.join("", session_ms=10_000, rebalance_ms=2**31 - 1)
     assert isinstance(answer, JoinAnswer) and answer.error == E.MEMBER_ID_REQUIRED
     ctx.advance(20_001)
@@ -335,3 +337,23 @@ def test_a_member_id_fits_the_id_limit_whatever_the_client_id(group_type: str) -
     assert answer.member_id.startswith("éé")
     joined = ctx.join(answer.member_id, protocols=worker, client_id="é" * 1_000)
     assert not isinstance(joined, JoinAnswer) or joined.error == E.NONE, joined
+
+
+def test_a_group_only_pending_members_ever_joined_goes_with_the_last_of_them() -> None:
+    """Joins answered MEMBER_ID_REQUIRED alone do not hold a place in the group limit for
+    the whole retention: a group no member ever joined goes when its last pending member
+    does (one the admin API set up stays, as does one that had members)."""
+    ctx = retention_context(max_groups=2)
+    ctx.join("", "p", rebalance_ms=5_000)
+    ctx.advance(2_000)
+    ctx.join("", "p", rebalance_ms=5_000)
+    _apply(ctx, ctx.core.set_group_config("set", {"connect.classic.group.type": "classic"},
+                                          ctx.now))
+    ctx.join("", "set", rebalance_ms=5_000)
+    ctx.advance(3_001)
+    assert "p" in ctx.engine.store.groups  # its second pending member is still there
+    ctx.advance(2_000)
+    assert "p" not in ctx.engine.store.groups and "set" in ctx.engine.store.groups
+    ctx.restart()
+    assert "p" not in ctx.engine.store.groups
+    assert ctx.join("", "q").error == E.MEMBER_ID_REQUIRED  # type: ignore[union-attr]

@@ -307,6 +307,7 @@ class ClassicEngine:
         # records that forget what the admin API set for a group that goes for good.
         self.check_room: Callable[[str], None] = lambda group_id: None
         self.forget_settings: Callable[[str, Any], None] = lambda group_id, change: None
+        self.has_settings: Callable[[str], bool] = lambda group_id: False
 
     def fresh_member_id(self, client_id: str) -> str:
         """A new member id: the client id, cut so that the id fits
@@ -989,6 +990,13 @@ class ClassicEngine:
                      "pending_timeout" if member.pending else "session_timeout")
         if not member.pending:
             self._after_removal(group, change, now_ms, REASON_SESSION_TIMEOUT)
+        elif (not group.members and group.generation == 0
+              and not self.has_settings(group.group_id)):
+            # A group that only ever had pending members goes with the last of them, as
+            # it came: such joins must not hold places in the group limit for a retention.
+            change.event("group_expired", group, reason="no_member_joined")
+            change.write(metadata_record(group.group_id, None))
+            change.timers.append(TimerClearGroup(group.group_id))
 
     # ------------------------------------------------------------------ views
     def describe_snapshot(self, group_id: str) -> describing.ClassicSnapshot:
