@@ -357,3 +357,16 @@ def test_a_group_only_pending_members_ever_joined_goes_with_the_last_of_them() -
     ctx.restart()
     assert "p" not in ctx.engine.store.groups
     assert ctx.join("", "q").error == E.MEMBER_ID_REQUIRED  # type: ignore[union-attr]
+
+
+def test_a_refused_join_leaves_an_empty_connect_group_it_would_have_taken() -> None:
+    ctx = ClassicContext(classic_max_pending_members=1)
+    # An empty connect group, which a classic joiner takes (it becomes classic).
+    _apply(ctx, ctx.core.set_group_config("g", {"connect.session.timeout.ms": 20_000},
+                                          ctx.now))
+    assert ctx.core.gives_way("g")
+    assert ctx.join("", "other").error == E.MEMBER_ID_REQUIRED  # type: ignore[union-attr]
+    logged = len(ctx.log)
+    refused = ctx.join("", "g")
+    assert isinstance(refused, JoinAnswer) and refused.error == E.COORDINATOR_NOT_AVAILABLE
+    assert len(ctx.log) == logged and "g" in ctx.core.store.groups

@@ -426,6 +426,7 @@ class ClassicEngine:
         try:
             if taking_over:
                 self._check_join(request)  # (a bad request changes nothing)
+                self._check_pending_room(request, None)
                 self.connect_give_way(request.group_id, change)
             response: JoinAnswer | Parked = self._join(request, change, now_ms)
         except _ClassicError as error:
@@ -461,9 +462,7 @@ class ClassicEngine:
                 ErrorCode.INCONSISTENT_GROUP_PROTOCOL,
                 f"group {request.group_id!r} is a connect group")
         group = self.store.groups.get(request.group_id)
-        if not request.member_id and request.instance_id is None \
-                and request.require_known_member_id:
-            self._check_pending_room(group, request.group_id)
+        self._check_pending_room(request, group)
         if group is None:
             if request.member_id:
                 raise _ClassicError(ErrorCode.UNKNOWN_MEMBER_ID,
@@ -485,15 +484,19 @@ class ClassicEngine:
             return self._join_known(group, request, change, now_ms)
         return self._join_new(group, request, change, now_ms)
 
-    def _check_pending_room(self, group: ClassicGroup | None, group_id: str) -> None:
-        """Room for one more member only told MEMBER_ID_REQUIRED: in its group (members and
-        pending ones count against the group size, as at a broker), and among all the
-        pending members. The second is the coordinator's limit, not the group's: the
-        worker is told to retry, as when the coordinator is away."""
+    def _check_pending_room(self, request: JoinRequest, group: ClassicGroup | None) -> None:
+        """For a join that will be told MEMBER_ID_REQUIRED: room for one more pending
+        member in its group (members and pending ones count against the group size, as at
+        a broker), and among all the pending members. The second is the coordinator's
+        limit, not the group's: the worker is told to retry, as when the coordinator is
+        away. Checked before the change writes anything."""
+        if request.member_id or request.instance_id is not None \
+                or not request.require_known_member_id:
+            return
         if group is not None and len(group.members) >= self.config.max_size:
             raise _ClassicError(ErrorCode.GROUP_MAX_SIZE_REACHED,
-                                f"group {group_id!r} has {self.config.max_size} members, "
-                                "pending ones included (group.connect.max.size)")
+                                f"group {request.group_id!r} has {self.config.max_size} "
+                                "members, pending ones included (group.connect.max.size)")
         limit = self.config.classic_max_pending_members
         if self.store.pending_total >= limit:
             raise _ClassicError(ErrorCode.COORDINATOR_NOT_AVAILABLE,
@@ -944,7 +947,7 @@ class ClassicEngine:
         if now_ms < deadline:
             change.timers.append(TimerSet(_phase_key(group.group_id), deadline))
             return change.result(None)
-        change.event("group_expired", group, pending=len(group.members),
+        change.event("group_expired", group, pending_members=len(group.members),
                      retention_ms=self.config.empty_group_retention_ms)
         self.delete_empty(group.group_id, change)
         return change.result(None)
