@@ -88,6 +88,9 @@ async def test_member_id_required_joins_with_big_protocols_stay_small_and_bounde
         assert grown_rss < 40_000_000, grown_rss  # before: about 80 MB for 20 joins
         view = await server.group("g")
         assert len(view["pending_members"]) == 5 and view["members"] == []
+        status, metrics = await server.http("GET", "/metrics")
+        assert "connect_coordinator_classic_pending_members 8.0" in metrics, metrics
+        assert "connect_coordinator_classic_members 0.0" in metrics
         described = await trio.run_process(
             [sys.executable, "-m", "coordinator.cli", "describe", "--bootstrap",
              f"127.0.0.1:{server.kafka_port}", "g"], capture_stdout=True, cwd=ROOT)
