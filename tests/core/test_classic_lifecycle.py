@@ -14,6 +14,7 @@ from coordinator.core.classic.engine import (
     CLASSIC_PHASE_TIMER,
     CLASSIC_SESSION_TIMER,
     JoinAnswer,
+    JoinRequest,
 )
 from coordinator.core.classic.state import NO_DEADLINE, ClassicState, metadata_record
 from coordinator.core.describe import ClassicSnapshot, build
@@ -30,10 +31,6 @@ BIG = (("sessioned", b"x" * 250_000), ("compatible", b"y" * 250_000))
 def _state(ctx: ClassicContext) -> dict[str, object]:
     return {group_id: (asdict(group.meta), {m: asdict(v) for m, v in group.members.items()})
             for group_id, group in ctx.engine.store.groups.items()}
-
-
-def _apply(ctx: ClassicContext, result: Any) -> Any:
-    return ctx.apply(result)
 
 
 def _pending(ctx: ClassicContext, group_id: str = "g") -> dict[str, ClassicGroupMemberValue]:
@@ -61,7 +58,7 @@ def test_a_pending_member_is_written_without_its_protocols() -> None:
 
 def test_pending_members_count_against_the_group_size() -> None:
     ctx = ClassicContext(max_size=3)
-    joined = ctx.new_member()
+    ctx.new_member()
     told = [ctx.join("") for _ in range(2)]
     assert [answer.error for answer in told] == [E.MEMBER_ID_REQUIRED] * 2  # type: ignore
     logged = len(ctx.log)
@@ -72,7 +69,7 @@ def test_pending_members_count_against_the_group_size() -> None:
     # The pending ones may still join for real: they hold their place.
     second = ctx.join(told[0].member_id)  # type: ignore[union-attr]
     assert not isinstance(second, JoinAnswer) or second.error == E.NONE
-    del joined
+    assert not ctx.group().members[told[0].member_id].pending  # type: ignore[union-attr]
 
 
 def test_pending_members_are_bounded_in_total() -> None:
@@ -136,7 +133,6 @@ def test_a_rolled_back_pending_join_leaves_nothing() -> None:
     ctx = ClassicContext()
     ctx.new_member()
     before = _state(ctx)
-    from coordinator.core.classic.engine import JoinRequest
     result = ctx.engine.join(JoinRequest("g", "", "connect", BIG, 10_000, 30_000), ctx.now)
     assert result.records
     ctx.core.rollback(result)
@@ -161,7 +157,7 @@ def test_pending_members_are_described() -> None:
 def test_classic_groups_count_against_the_group_limit() -> None:
     ctx = ClassicContext(max_groups=2)
     assert ctx.join("", "a").error == E.MEMBER_ID_REQUIRED  # type: ignore[union-attr]
-    _apply(ctx, ctx.core.put_connector("connect-one", "c", 1, ctx.now))
+    ctx.apply(ctx.core.put_connector("connect-one", "c", 1, ctx.now))
     logged = len(ctx.log)
     refused = ctx.join("", "b")
     assert isinstance(refused, JoinAnswer) and refused.error == E.INVALID_REQUEST
@@ -176,7 +172,7 @@ def test_classic_groups_count_against_the_group_limit() -> None:
     with pytest.raises(ApiError) as raised:
         ctx.core.set_group_config("c", {"connect.classic.group.type": "classic"}, ctx.now)
     assert raised.value.code == E.INVALID_REQUEST
-    # A group of the limit that changes type takes no new place.
+    # A group already held takes no new place.
     assert ctx.join("", "a").error == E.MEMBER_ID_REQUIRED  # type: ignore[union-attr]
 
 
@@ -184,7 +180,7 @@ def test_an_upgrade_at_the_group_limit_is_not_refused() -> None:
     ctx = ClassicContext(max_groups=1, assignment_interval_ms=0)
     classic_group(ctx)
     newcomer = NewWorker(ctx, "n1")
-    answer = _apply(ctx, ctx.core.heartbeat(newcomer._request(0), ctx.now))
+    answer = ctx.apply(ctx.core.heartbeat(newcomer._request(0), ctx.now))
     assert answer.error_code in (E.NONE, E.COMPUTE_ASSIGNMENT), answer.error_message
     assert "g" in ctx.core.store.groups and "g" not in ctx.engine.store.groups
 
@@ -199,8 +195,8 @@ def retention_context(**config: Any) -> ClassicContext:
 def test_an_emptied_classic_group_expires_after_the_retention() -> None:
     ctx = retention_context()
     member = ctx.new_member()
-    _apply(ctx, ctx.core.set_group_config("g", {"connect.session.timeout.ms": 20_000},
-                                          ctx.now))
+    ctx.apply(ctx.core.set_group_config("g", {"connect.session.timeout.ms": 20_000},
+                                        ctx.now))
     ctx.leave((member, None))
     assert ctx.group().state is ClassicState.EMPTY
     ctx.advance(RETENTION - 1)
@@ -224,8 +220,8 @@ def test_a_classic_group_made_by_a_pending_join_expires() -> None:
 
 def test_a_group_set_classic_through_the_api_expires_empty() -> None:
     ctx = retention_context()
-    _apply(ctx, ctx.core.set_group_config("g", {"connect.classic.group.type": "classic"},
-                                          ctx.now))
+    ctx.apply(ctx.core.set_group_config("g", {"connect.classic.group.type": "classic"},
+                                        ctx.now))
     assert "g" in ctx.engine.store.groups
     ctx.advance(RETENTION + 1)
     assert "g" not in ctx.engine.store.groups
@@ -296,9 +292,9 @@ def test_an_empty_classic_group_can_be_deleted() -> None:
     assert raised.value.code == E.NON_EMPTY_GROUP  # the connect rule: not with members
     ctx.leave((member, None))
     ctx.join("")  # a pending member does not keep it
-    _apply(ctx, ctx.core.set_group_config("g", {"connect.session.timeout.ms": 20_000},
-                                          ctx.now))
-    answer = _apply(ctx, ctx.core.delete_group("g", ctx.now))
+    ctx.apply(ctx.core.set_group_config("g", {"connect.session.timeout.ms": 20_000},
+                                        ctx.now))
+    answer = ctx.apply(ctx.core.delete_group("g", ctx.now))
     assert answer == {"group": "g", "deleted": True}
     assert "g" not in ctx.engine.store.groups and "g" not in ctx.core.store.settings
     assert not [key for key in ctx.timers if key[1] == "g"]
@@ -319,7 +315,7 @@ def test_a_bridged_group_is_deleted_by_the_connect_rule() -> None:
         ctx.core.delete_group("g", ctx.now)
     assert raised.value.code == E.NON_EMPTY_GROUP
     ctx.leave((first.member_id, None))  # type: ignore[union-attr]
-    _apply(ctx, ctx.core.delete_group("g", ctx.now))
+    ctx.apply(ctx.core.delete_group("g", ctx.now))
     assert "g" not in ctx.core.store.groups
     assert not [key for key in ctx.engine.store.bridged if key[0] == "g"]
 
@@ -347,8 +343,8 @@ def test_a_group_only_pending_members_ever_joined_goes_with_the_last_of_them() -
     ctx.join("", "p", rebalance_ms=5_000)
     ctx.advance(2_000)
     ctx.join("", "p", rebalance_ms=5_000)
-    _apply(ctx, ctx.core.set_group_config("set", {"connect.classic.group.type": "classic"},
-                                          ctx.now))
+    ctx.apply(ctx.core.set_group_config("set", {"connect.classic.group.type": "classic"},
+                                        ctx.now))
     ctx.join("", "set", rebalance_ms=5_000)
     ctx.advance(3_001)
     assert "p" in ctx.engine.store.groups  # its second pending member is still there
@@ -362,8 +358,8 @@ def test_a_group_only_pending_members_ever_joined_goes_with_the_last_of_them() -
 def test_a_refused_join_leaves_an_empty_connect_group_it_would_have_taken() -> None:
     ctx = ClassicContext(classic_max_pending_members=1)
     # An empty connect group, which a classic joiner takes (it becomes classic).
-    _apply(ctx, ctx.core.set_group_config("g", {"connect.session.timeout.ms": 20_000},
-                                          ctx.now))
+    ctx.apply(ctx.core.set_group_config("g", {"connect.session.timeout.ms": 20_000},
+                                        ctx.now))
     assert ctx.core.gives_way("g")
     assert ctx.join("", "other").error == E.MEMBER_ID_REQUIRED  # type: ignore[union-attr]
     logged = len(ctx.log)
