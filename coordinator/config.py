@@ -85,6 +85,9 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     # How long a bridged worker's JoinGroup in a pending round waits for the group's other
     # bridged workers to rejoin (a broker's join barrier; 0: answered at once).
     classic_join_wait_ms: Annotated[int, Meta(ge=0, le=MS_HOUR)] = 10_000
+    # How many members only told MEMBER_ID_REQUIRED (not joined yet) all classic groups
+    # hold together; each group's count against group.connect.max.size too.
+    classic_max_pending_members: Annotated[int, Meta(ge=1, le=10_000_000)] = 1_000
     # Which live conversions between group types are allowed (Kafka's
     # group.consumer.migration.policy, for connect groups).
     connect_migration_policy: Literal["bidirectional", "upgrade", "downgrade", "disabled"] = (
@@ -171,6 +174,7 @@ CONFIG_KEYS: dict[str, str] = {
     "group.connect.classic.group.type": "classic_group_type",
     "group.connect.classic.sync.wait.ms": "classic_sync_wait_ms",
     "group.connect.classic.join.wait.ms": "classic_join_wait_ms",
+    "group.connect.classic.max.pending.members": "classic_max_pending_members",
     "group.connect.migration.policy": "connect_migration_policy",
     "proxy.upstream": "proxy_upstream",
     "proxy.groups": "proxy_groups",

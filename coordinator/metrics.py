@@ -215,10 +215,16 @@ class _CoreCollector(Collector):
             PREFIX + "classic_members",
             "Members speaking the classic protocol: of classic groups, and bridged into "
             "connect groups.",
-            value=(classic_store.member_count() + sum(
+            value=(classic_store.member_count() - classic_store.pending_total + sum(
                 1 for group_id, member_id in classic_store.bridged
                 if group_id in all_groups and member_id in all_groups[group_id].members))
             if classic_store else 0,
+        )
+        yield GaugeMetricFamily(
+            PREFIX + "classic_pending_members",
+            "Classic members told MEMBER_ID_REQUIRED that have not joined yet (bounded by "
+            "group.connect.classic.max.pending.members).",
+            value=classic_store.pending_total if classic_store else 0,
         )
         yield GaugeMetricFamily(
             PREFIX + "unassigned_units",

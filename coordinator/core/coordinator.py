@@ -214,6 +214,10 @@ class GroupCoordinator:
         self.classic.connect_gives_way = self.gives_way
         self.classic.connect_give_way = self.give_way
         self.classic.classic_joiner_type = self.classic_joiner_type
+        self.classic.check_room = self.check_room
+        self.classic.forget_settings = self._forget_settings
+        self.classic.has_settings = \
+            lambda group_id: group_id in self.store.settings or group_id in self.store.types
 
     # ------------------------------------------------------------------ records
     def replay(self, record: Record) -> None:
@@ -345,6 +349,7 @@ class GroupCoordinator:
                 # The first new-protocol join to a classic group with members: upgrade.
                 group = conversion.upgrade(self, classic, request, change, now_ms)
             else:
+                self.check_room(group_id)
                 self.classic.give_up_empty(group_id, change)
                 group = self._create_group(group_id, change)
 
@@ -448,8 +453,19 @@ class GroupCoordinator:
             assignment=assignment,
         )
 
+    def check_room(self, group_id: str) -> None:
+        """Refuses a group `group_id` that would be a new one past
+        `group.coordinator.max.groups`: connect and classic groups count together, and a
+        group that changes type takes no new place. Called before any record is written."""
+        if group_id not in self.store.groups and group_id not in self.store.classic.groups:
+            check_group_count(self.group_count(), self.config.max_groups)
+
+    def group_count(self) -> int:
+        """Groups of both types."""
+        return len(self.store.groups) + len(self.store.classic.groups)
+
     def _create_group(self, group_id: str, change: _Change) -> Group:
-        check_group_count(len(self.store.groups), self.config.max_groups)
+        """(the caller has checked `check_room` before its first record)"""
         change.write(group_metadata_record(group_id, INITIAL_EPOCH))
         change.write(target_metadata_record(group_id, INITIAL_EPOCH, 0, None, -1, b""))
         group = self.store.groups[group_id]
@@ -1640,6 +1656,7 @@ class GroupCoordinator:
             raise ApiError(ErrorCode.INVALID_GROUP_ID, "group id must be non-empty")
         group = self.store.groups.get(group_id)
         if group is None:
+            self.check_room(group_id)
             self.classic.give_up_empty(group_id, change)  # (raises if it has members)
             group = self._create_group(group_id, change)
         return group
@@ -1794,15 +1811,16 @@ class GroupCoordinator:
                           f"them before setting {CLASSIC_GROUP_TYPE_KEY}=classic")
         change = _Change(self.store)
         if group is None and classic is None:  # a new group: of the type set, else connect
+            self.check_room(group_id)
             if kind == "classic":
-                self.classic.keep_empty(group_id, change)
+                self.classic.keep_empty(group_id, change, now_ms)
             else:
                 group = self._create_group(group_id, change)
         elif typed and kind == "classic" and group is not None and not group.members:
             change.event("group_deleted", group, reason=f"{CLASSIC_GROUP_TYPE_KEY}=classic")
             self._delete(group, change)
             group = None
-            self.classic.keep_empty(group_id, change)
+            self.classic.keep_empty(group_id, change, now_ms)
         elif typed and kind == "connect" and classic is not None and not classic.active():
             self.classic.give_up_empty(group_id, change)
             group = self._create_group(group_id, change)
@@ -1884,6 +1902,15 @@ class GroupCoordinator:
         }
 
     def delete_group(self, group_id: str, now_ms: int) -> Result[dict[str, Any]]:
+        """`DELETE /groups/{group}`: a group of either type, by the same rule (refused
+        while it has members)."""
+        classic = self.store.classic.groups.get(group_id)
+        if classic is not None and group_id not in self.store.groups:
+            change = _Change(self.store)
+            self.classic.delete_empty(group_id, change)  # (raises if it has members)
+            change.events.append(Event("group_deleted", group_id, None, {
+                "group_type": "classic", "generation": classic.generation}))
+            return change.result({"group": group_id, "deleted": True})
         group = self._existing_group(group_id)
         if group.members:
             raise ApiError(

@@ -34,6 +34,7 @@ from protocol.messages.connect_group_describe_response import (
 EMPTY_UNITS: frozenset[Unit] = frozenset()
 NEWEST_VERSION = 1
 CONNECT, CLASSIC = "connect", "classic"
+PENDING = "PENDING"  # a classic member only told MEMBER_ID_REQUIRED
 
 # version -> (response, group, member) classes
 _CLASSES: dict[int, tuple[type[Any], type[Any], type[Any]]] = {
@@ -71,12 +72,14 @@ class ClassicMemberSnapshot:
 @dataclass(frozen=True, slots=True)
 class ClassicSnapshot:
     """A classic group as describe shows it (version 1+): its generation is both epochs,
-    and a member that synced the generation is STABLE with what it holds as its target."""
+    and a member that synced the generation is STABLE with what it holds as its target;
+    one only told MEMBER_ID_REQUIRED is PENDING, at epoch -1, holding nothing."""
     group_id: str
     state: str
     generation: int
     protocol_name: str | None
     members: tuple[ClassicMemberSnapshot, ...]
+    pending: tuple[str, ...] = ()  # their member ids
 
 
 def snapshot(group: Group, assignor: str | None,
@@ -156,6 +159,11 @@ def _build_classic(group: ClassicSnapshot) -> DescribedGroup:
             pending_revocation=units_to_wire(EMPTY_UNITS),
             target=units_to_wire(member.holds if synced else EMPTY_UNITS),
         ))
+    nothing = units_to_wire(EMPTY_UNITS)
+    members.extend(DescribedMember(
+        member_id=member_id, instance_id=None, worker_url="", protocol=CLASSIC,
+        classic_protocol=None, member_epoch=-1, member_state=PENDING, assigned=nothing,
+        pending_revocation=nothing, target=nothing) for member_id in group.pending)
     return DescribedGroup(
         error_code=0,
         error_message=None,

@@ -143,6 +143,12 @@ def classic_group_view(runtime: Runtime, group_id: str) -> dict[str, Any] | None
             }
             for view in member_views(group)
         ],
+        # told MEMBER_ID_REQUIRED, not joined yet: they count against the group's size
+        "pending_members": [
+            {"member_id": member_id, "client_id": member.client_id,
+             "client_host": member.client_host}
+            for member_id, member in sorted(group.pending().items())
+        ],
     }
 
 

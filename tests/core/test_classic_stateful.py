@@ -37,7 +37,8 @@ def _state(store: ClassicStore) -> dict[str, Any]:
 class ClassicMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
-        self.ctx = ClassicContext(initial_rebalance_delay_ms=500)
+        self.ctx = ClassicContext(initial_rebalance_delay_ms=500, max_size=6,
+                                  classic_max_pending_members=3)
         self.workers = {name: Worker() for name in WORKERS}
         self.highest_generation = 0
         self.leaders: dict[int, tuple[str, str | None]] = {}  # generation -> leader, protocol
@@ -156,6 +157,14 @@ class ClassicMachine(RuleBasedStateMachine):
         self.ctx.advance(ms)
         self._collect()
 
+    @rule(rebalance_ms=st.sampled_from([1_000, 30_000]))
+    def abandoned_join(self, rebalance_ms: int) -> None:
+        """A client told MEMBER_ID_REQUIRED that never comes back (or is refused)."""
+        answer = self.ctx.join("", client_id="gone", rebalance_ms=rebalance_ms)
+        assert isinstance(answer, JoinAnswer) and answer.error in (
+            ErrorCode.MEMBER_ID_REQUIRED, ErrorCode.GROUP_MAX_SIZE_REACHED,
+            ErrorCode.COORDINATOR_NOT_AVAILABLE), answer
+
     @rule()
     def restart(self) -> None:
         self.ctx.restart()
@@ -174,6 +183,17 @@ class ClassicMachine(RuleBasedStateMachine):
         for record in self.ctx.log:
             replayed.replay(record)
         assert _state(replayed) == _state(self.ctx.engine.store)
+        assert replayed.pending_total == self.ctx.engine.store.pending_total
+
+    @invariant()
+    def pending_members_are_bounded(self) -> None:
+        store = self.ctx.engine.store
+        pending = [m for group in store.groups.values() for m in group.members.values()
+                   if m.pending]
+        assert len(pending) == store.pending_total <= 3
+        assert all(not m.protocols for m in pending)
+        for group in store.groups.values():
+            assert len(group.members) <= 6
 
     @invariant()
     def protocol_support_counts_the_members(self) -> None:

@@ -263,7 +263,7 @@ class ClassicBridge:
                                         member_id or None, {"reason": str(error)})])
         if not member_id:
             # (the classic engine's generator: one source of ids, replaceable in tests)
-            member_id = self.core.classic.new_member_id(request.client_id)
+            member_id = self.core.classic.fresh_member_id(request.client_id)
             if request.instance_id is None and request.require_known_member_id:
                 return Result(JoinAnswer(ErrorCode.MEMBER_ID_REQUIRED, member_id))
         group = self.core.store.groups.get(request.group_id)

@@ -80,7 +80,6 @@ from coordinator.core.group import (
 )
 from coordinator.core.reconcile import CurrentAssignment, MemberState, TargetPart
 from coordinator.core.result import CLIENT_MODE, SESSION_TIMER, Event, TimerClearGroup, TimerSet
-from coordinator.core.validation import check_group_count
 from coordinator.units import Unit
 from protocol.errors import ApiError, ErrorCode
 from protocol.messages import ClassicBridgeMemberValue, ClassicGroupMemberValue
@@ -185,7 +184,6 @@ def upgrade(core: GroupCoordinator, classic: ClassicGroup, joiner: Any, change: 
             ErrorCode.UNSUPPORTED_ASSIGNOR,
             f"no worker's version range for client assignor {name!r} covers every "
             f"member's range in group {group_id!r}")
-    check_group_count(len(core.store.groups), core.config.max_groups)
     epoch = max(classic.generation, 1)
     held = classic_holdings(classic)
     version = PROTOCOL_VERSIONS.get(meta.protocol_name or "", EAGER_VERSION)

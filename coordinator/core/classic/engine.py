@@ -4,7 +4,9 @@ Everything that affects a classic group's state lives in this file and `state.py
 
 Theory of operation. A classic group moves through four states:
 
-- Empty: no members. A JoinGroup starts a join phase (PreparingRebalance). The first
+- Empty: no members. The phase deadline is when the group expires: an empty group goes
+  after `group.connect.empty.group.retention.ms`, as an empty connect group does (its
+  settings with it). A JoinGroup starts a join phase (PreparingRebalance). The first
   phase of an empty group waits `group.initial.rebalance.delay.ms` (each new member pushes
   the end back by the delay again, never past the largest rebalance timeout from the
   start), so that workers started together land in one generation.
@@ -21,13 +23,22 @@ Theory of operation. A classic group moves through four states:
   a join phase answer REBALANCE_IN_PROGRESS.
 
 Deadlines that change behaviour (the end of a join phase, by when members must have sent
-SyncGroup) are in the group's record; so are whether each member joined this round and
-synced this generation. Timers are derived from that state (`timers`), after loading the
-log as after a rollback, and a timer that fires checks the recorded deadline, so a stale
-one does nothing. Session timers are re-armed by every request and, after a restart, start
-afresh. Parked requests are the shell's: the engine names them by `WaiterKey` and hands
-their answers back in `Result.releases`, which the shell delivers once the records of the
-change are durable.
+SyncGroup, when an empty group expires) are in the group's record; so are whether each
+member joined this round and synced this generation. Timers are derived from that state
+(`timers`), after loading the log as after a rollback, and a timer that fires checks the
+recorded deadline, so a stale one does nothing. Session timers are re-armed by every
+request and, after a restart, start afresh. Parked requests are the shell's: the engine
+names them by `WaiterKey` and hands their answers back in `Result.releases`, which the
+shell delivers once the records of the change are durable.
+
+Pending members. A v4+ JoinGroup without a member id is told MEMBER_ID_REQUIRED with a
+fresh id, and that id is a member record marked pending, written without the request's
+protocols (they come again with the real join): a record, so a restart or a rollback
+finds exactly what the log says, and the few bytes of an id cost no more than any other
+change. They count against `group.connect.max.size` in their group and against
+`group.connect.classic.max.pending.members` in all, and go after the join's rebalance
+timeout (never later than `group.max.session.timeout.ms`), not its session: a worker
+told its id comes back at once.
 """
 
 from __future__ import annotations
@@ -54,7 +65,16 @@ from coordinator.core.classic.state import (
     replace_meta,
 )
 from coordinator.core.classic.view import member_views
-from coordinator.core.result import Event, Record, Result, TimerCancel, TimerKey, TimerOp, TimerSet
+from coordinator.core.result import (
+    Event,
+    Record,
+    Result,
+    TimerCancel,
+    TimerClearGroup,
+    TimerKey,
+    TimerOp,
+    TimerSet,
+)
 from protocol.errors import ApiError, ErrorCode
 from protocol.messages import ClassicGroupMemberValue
 
@@ -249,6 +269,10 @@ def _new_member_id(client_id: str) -> str:
     return f"{client_id or 'member'}-{uuid.uuid4()}"
 
 
+# What a member id generator adds to the client id (a uuid: 37 bytes) fits in this.
+MEMBER_ID_SUFFIX_BYTES = 64
+
+
 # ---------------------------------------------------------------------- the engine
 
 
@@ -280,6 +304,21 @@ class ClassicEngine:
         # group's own, set through the admin API, else the server's).
         self.classic_joiner_type: Callable[[str], str] = \
             lambda group_id: self.config.classic_group_type
+        # Set by the coordinator: raises (ApiError) when a new group `group_id` would take
+        # the coordinator past `group.coordinator.max.groups`, counting both types; and the
+        # records that forget what the admin API set for a group that goes for good.
+        self.check_room: Callable[[str], None] = lambda group_id: None
+        self.forget_settings: Callable[[str, Any], None] = lambda group_id, change: None
+        self.has_settings: Callable[[str], bool] = lambda group_id: False
+
+    def fresh_member_id(self, client_id: str) -> str:
+        """A new member id: the client id, cut so that the id fits
+        `group.connect.max.id.bytes` (the worker sends it back, and a longer one would be
+        refused), and a unique suffix."""
+        room = max(0, self.config.max_id_bytes - MEMBER_ID_SUFFIX_BYTES)
+        if len(client_id) > room // 4:  # (4 bytes a character at most)
+            client_id = client_id.encode("utf-8", "surrogatepass")[:room].decode("utf-8", "ignore")
+        return self.new_member_id(client_id)
 
     def _bridged(self, group_id: str) -> bool:
         return self.bridge is not None and self.bridge.handles(group_id)
@@ -296,10 +335,26 @@ class ClassicEngine:
                 continue
             if group.meta.phase_deadline_ms != NO_DEADLINE:
                 operations.append(TimerSet(_phase_key(group_id), group.meta.phase_deadline_ms))
+            elif group.state is ClassicState.EMPTY:
+                # Emptied before empty groups expired: the timer writes its deadline.
+                operations.append(TimerSet(_phase_key(group_id), now_ms))
             for member_id, member in group.members.items():
                 operations.append(TimerSet(_session_key(group_id, member_id),
-                                           now_ms + member.session_timeout_ms))
+                                           now_ms + self._lifetime(member)))
         return operations
+
+    def _lifetime(self, member: ClassicGroupMemberValue) -> int:
+        """How long a member lives without a word: its session, or for a pending one the
+        rebalance timeout of its join, within the longest session a join may ask for."""
+        if not member.pending:
+            return member.session_timeout_ms
+        return max(0, min(member.rebalance_timeout_ms,
+                          self.config.classic_max_session_timeout_ms))
+
+    def _empty_metadata(self, now_ms: int) -> Any:
+        """A new empty group's record: it expires after the retention unless joined."""
+        return replace_meta(new_metadata(PROTOCOL_TYPE),
+                            phase_deadline_ms=now_ms + self.config.empty_group_retention_ms)
 
     def give_up_empty(self, group_id: str, change: Any) -> None:
         """Before a connect group `group_id` is created: an empty classic group of that id
@@ -315,12 +370,29 @@ class ClassicEngine:
             change.write(member_record(group_id, member_id, None))
         change.write(metadata_record(group_id, None))
 
-    def keep_empty(self, group_id: str, change: Any) -> None:
+    def keep_empty(self, group_id: str, change: Any, now_ms: int) -> None:
         """An empty classic group `group_id` (unless it is one already): the group set to
         `classic` through the admin config API while it is empty or new. (The type itself
         is the coordinator's record, `GroupType`, kept whichever the group's type.)"""
         if group_id not in self.store.groups:
-            change.write(metadata_record(group_id, new_metadata(PROTOCOL_TYPE)))
+            meta = self._empty_metadata(now_ms)
+            change.write(metadata_record(group_id, meta))
+            change.timers.append(TimerSet(_phase_key(group_id), meta.phase_deadline_ms))
+
+    def delete_empty(self, group_id: str, change: Any) -> None:
+        """The records that delete the classic group `group_id`, empty (pending members go
+        with it), and its settings; its timers cleared. One with members is refused as a
+        connect group with members is."""
+        group = self.store.groups[group_id]
+        active = len(group.active())
+        if active:
+            raise ApiError(ErrorCode.NON_EMPTY_GROUP,
+                           f"group {group_id} still has {active} member(s)")
+        for member_id in list(group.members):
+            change.write(member_record(group_id, member_id, None))
+        change.write(metadata_record(group_id, None))
+        change.timers.append(TimerClearGroup(group_id))
+        self.forget_settings(group_id, change)
 
     def replay(self, record: Record) -> None:
         self.store.replay(record)
@@ -356,6 +428,7 @@ class ClassicEngine:
         try:
             if taking_over:
                 self._check_join(request)  # (a bad request changes nothing)
+                self._check_pending_room(request, None)
                 self.connect_give_way(request.group_id, change)
             response: JoinAnswer | Parked = self._join(request, change, now_ms)
         except _ClassicError as error:
@@ -391,11 +464,18 @@ class ClassicEngine:
                 ErrorCode.INCONSISTENT_GROUP_PROTOCOL,
                 f"group {request.group_id!r} is a connect group")
         group = self.store.groups.get(request.group_id)
+        self._check_pending_room(request, group)
         if group is None:
             if request.member_id:
                 raise _ClassicError(ErrorCode.UNKNOWN_MEMBER_ID,
                                     f"group {request.group_id!r} does not exist")
-            change.write(metadata_record(request.group_id, new_metadata(PROTOCOL_TYPE)))
+            try:
+                self.check_room(request.group_id)
+            except ApiError as error:
+                raise _ClassicError(error.code, error.message) from None
+            meta = self._empty_metadata(now_ms)
+            change.write(metadata_record(request.group_id, meta))
+            change.timers.append(TimerSet(_phase_key(request.group_id), meta.phase_deadline_ms))
             group = self.store.groups[request.group_id]
         elif not self._supports(group, request):
             listed = [name for name, _ in request.protocols[:_NAMES_TOLD]]
@@ -407,6 +487,25 @@ class ClassicEngine:
         if request.member_id:
             return self._join_known(group, request, change, now_ms)
         return self._join_new(group, request, change, now_ms)
+
+    def _check_pending_room(self, request: JoinRequest, group: ClassicGroup | None) -> None:
+        """For a join that will be told MEMBER_ID_REQUIRED: room for one more pending
+        member in its group (members and pending ones count against the group size, as at
+        a broker), and among all the pending members. The second is the coordinator's
+        limit, not the group's: the worker is told to retry, as when the coordinator is
+        away. Checked before the change writes anything."""
+        if request.member_id or request.instance_id is not None \
+                or not request.require_known_member_id:
+            return
+        if group is not None and len(group.members) >= self.config.max_size:
+            raise _ClassicError(ErrorCode.GROUP_MAX_SIZE_REACHED,
+                                f"group {request.group_id!r} has {self.config.max_size} "
+                                "members, pending ones included (group.connect.max.size)")
+        limit = self.config.classic_max_pending_members
+        if self.store.pending_total >= limit:
+            raise _ClassicError(ErrorCode.COORDINATOR_NOT_AVAILABLE,
+                                f"{limit} members told MEMBER_ID_REQUIRED have not joined "
+                                "yet (group.connect.classic.max.pending.members)")
 
     @staticmethod
     def _candidates(members: Iterable[ClassicGroupMemberValue]) -> list[str] | None:
@@ -454,16 +553,17 @@ class ClassicEngine:
         if request.instance_id is not None and request.instance_id in group.instances:
             return self._replace_static(group, group.instances[request.instance_id], request,
                                         change, now_ms)
-        if group.supporting >= self.config.max_size:
+        if len(group.members) >= self.config.max_size:  # (pending ones count)
             raise _ClassicError(ErrorCode.GROUP_MAX_SIZE_REACHED,
                                 f"group {group.group_id!r} has {self.config.max_size} members")
-        member_id = self.new_member_id(request.client_id)
+        member_id = self.fresh_member_id(request.client_id)
         if request.instance_id is None and request.require_known_member_id:
             # It must come back with this id: then it is a member (Kafka's KIP-394).
-            change.write(member_record(group.group_id, member_id,
-                                       self._member_value(request, None, pending=True)))
+            # Until then its protocols are not kept (see the module docstring).
+            pending = self._member_value(request, None, pending=True)
+            change.write(member_record(group.group_id, member_id, pending))
             change.timers.append(TimerSet(_session_key(group.group_id, member_id),
-                                          now_ms + request.session_timeout_ms))
+                                          now_ms + self._lifetime(pending)))
             return JoinAnswer(ErrorCode.MEMBER_ID_REQUIRED, member_id)
         return self._add_and_rebalance(group, member_id, request, change, now_ms)
 
@@ -477,7 +577,7 @@ class ClassicEngine:
             session_timeout_ms=request.session_timeout_ms,
             rebalance_timeout_ms=request.rebalance_timeout_ms,
             pending=pending,
-            protocols=protocols_of(request.protocols),
+            protocols=() if pending else protocols_of(request.protocols),
             joined_generation=joined_generation,
             synced_generation=previous.synced_generation if previous else -1,
             assignment_generation=previous.assignment_generation if previous else -1,
@@ -563,7 +663,7 @@ class ClassicEngine:
         """A known instance id with a new member id: the new one takes the old one's place
         (KIP-345); the old one is fenced."""
         old = group.members[old_id]
-        new_id = self.new_member_id(request.client_id)
+        new_id = self.fresh_member_id(request.client_id)
         same = old.protocols == protocols_of(request.protocols)
         state = group.state
         joined = group.generation + 1 if state is ClassicState.PREPARING_REBALANCE \
@@ -628,7 +728,7 @@ class ClassicEngine:
             self._remove(group, member_id, change, "not_rejoined")
         generation = group.generation + 1
         if not joined:
-            self._become_empty(group, change, generation)
+            self._become_empty(group, change, generation, now_ms)
             return
         protocol = self._select_protocol(joined.values())
         leader = group.meta.leader if group.meta.leader in joined else next(iter(joined))
@@ -648,13 +748,15 @@ class ClassicEngine:
         change.event("classic_join_completed", group, leader=leader, protocol=protocol,
                      members=len(joined))
 
-    def _become_empty(self, group: ClassicGroup, change: _Change, generation: int) -> None:
+    def _become_empty(self, group: ClassicGroup, change: _Change, generation: int,
+                      now_ms: int) -> None:
+        expire_at = now_ms + self.config.empty_group_retention_ms
         change.write(metadata_record(group.group_id, replace_meta(
             group.meta, generation=generation, state=ClassicState.EMPTY, protocol_name=None,
-            leader=None, phase_started_ms=NO_DEADLINE, phase_deadline_ms=NO_DEADLINE,
+            leader=None, phase_started_ms=NO_DEADLINE, phase_deadline_ms=expire_at,
             initial_delay=False)))
-        change.timers.append(TimerCancel(_phase_key(group.group_id)))
-        change.event("classic_group_emptied", group)
+        change.timers.append(TimerSet(_phase_key(group.group_id), expire_at))
+        change.event("classic_group_emptied", group, expire_at_ms=expire_at)
 
     @staticmethod
     def _select_protocol(members: Iterable[ClassicGroupMemberValue]) -> str:
@@ -686,7 +788,7 @@ class ClassicEngine:
         if state is ClassicState.EMPTY:
             return
         if not group.active():
-            self._become_empty(group, change, group.generation + 1)
+            self._become_empty(group, change, group.generation + 1, now_ms)
         elif state is ClassicState.PREPARING_REBALANCE:
             self._maybe_complete_join(group, change, now_ms)
         else:
@@ -838,14 +940,35 @@ class ClassicEngine:
     # ------------------------------------------------------------------ timers
     def on_timer(self, key: TimerKey, now_ms: int) -> Result[None]:
         kind, group_id, member_id = key
-        change = _Change(self.store)
         group = self.store.groups.get(group_id)
+        if group is not None and kind == CLASSIC_PHASE_TIMER \
+                and group.state is ClassicState.EMPTY:
+            return self._empty_phase_ended(group, now_ms)
+        change = _Change(self.store)
         if group is None:
             return change.result(None)
         if kind == CLASSIC_PHASE_TIMER:
             self._phase_ended(group, change, now_ms)
         elif kind == CLASSIC_SESSION_TIMER:
             self._session_expired(group, member_id, change, now_ms)
+        return change.result(None)
+
+    def _empty_phase_ended(self, group: ClassicGroup, now_ms: int) -> Result[None]:
+        """An empty group's deadline: it expires, with its settings (records of the
+        coordinator's store, hence a change on it); one without a deadline (emptied
+        before empty groups expired) is given one now."""
+        change = _Change(self.connect_records)
+        deadline = group.meta.phase_deadline_ms
+        if deadline == NO_DEADLINE:
+            deadline = now_ms + self.config.empty_group_retention_ms
+            change.write(metadata_record(group.group_id, replace_meta(
+                group.meta, phase_deadline_ms=deadline)))
+        if now_ms < deadline:
+            change.timers.append(TimerSet(_phase_key(group.group_id), deadline))
+            return change.result(None)
+        change.event("group_expired", group, pending_members=len(group.members),
+                     retention_ms=self.config.empty_group_retention_ms)
+        self.delete_empty(group.group_id, change)
         return change.result(None)
 
     def _phase_ended(self, group: ClassicGroup, change: _Change, now_ms: int) -> None:
@@ -885,9 +1008,17 @@ class ClassicEngine:
             change.timers.append(TimerSet(_session_key(group.group_id, member_id),
                                           now_ms + member.session_timeout_ms))
             return
-        self._remove(group, member_id, change, "session_timeout")
+        self._remove(group, member_id, change,
+                     "pending_timeout" if member.pending else "session_timeout")
         if not member.pending:
             self._after_removal(group, change, now_ms, REASON_SESSION_TIMEOUT)
+        elif (not group.members and group.generation == 0
+              and not self.has_settings(group.group_id)):
+            # A group that only ever had pending members goes with the last of them, as
+            # it came: such joins must not hold places in the group limit for a retention.
+            change.event("group_expired", group, reason="no_member_joined")
+            change.write(metadata_record(group.group_id, None))
+            change.timers.append(TimerClearGroup(group.group_id))
 
     # ------------------------------------------------------------------ views
     def describe_snapshot(self, group_id: str) -> describing.ClassicSnapshot:
@@ -899,7 +1030,8 @@ class ClassicEngine:
                                              view.holds)
             for view in sorted(member_views(group), key=lambda view: view.member_id))
         return describing.ClassicSnapshot(group_id, group.state.name, group.meta.generation,
-                                          group.meta.protocol_name, members)
+                                          group.meta.protocol_name, members,
+                                          tuple(sorted(group.pending())))
 
     def describe(self, group_id: str) -> DescribedClassicGroup | None:
         group = self.store.groups.get(group_id)

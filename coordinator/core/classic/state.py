@@ -96,6 +96,11 @@ class ClassicGroup:
         return {member_id: member for member_id, member in self.members.items()
                 if not member.pending and member.joined_generation == target}
 
+    def pending(self) -> dict[str, ClassicGroupMemberValue]:
+        """The members only told MEMBER_ID_REQUIRED (kept without their protocols)."""
+        return {member_id: member for member_id, member in self.members.items()
+                if member.pending}
+
     def active(self) -> dict[str, ClassicGroupMemberValue]:
         """The members, without those only told MEMBER_ID_REQUIRED."""
         return {member_id: member for member_id, member in self.members.items()
@@ -153,6 +158,8 @@ class ClassicStore:
     def __init__(self) -> None:
         self.groups: dict[str, ClassicGroup] = {}
         self.bridged: dict[tuple[str, str], ClassicBridgeMemberValue] = {}
+        # Members only told MEMBER_ID_REQUIRED, in every group (derived by replay).
+        self.pending_total = 0
 
     def member_count(self) -> int:
         return sum(len(group.members) for group in self.groups.values())
@@ -169,7 +176,9 @@ class ClassicStore:
             return
         if isinstance(key, ClassicGroupMetadataKey):
             if value is None:
-                self.groups.pop(key.group_id, None)
+                gone = self.groups.pop(key.group_id, None)
+                if gone is not None:
+                    self.pending_total -= sum(m.pending for m in gone.members.values())
                 return
             group = self.groups.get(key.group_id)
             if group is None:
@@ -187,6 +196,10 @@ class ClassicStore:
         previous = group.members.get(key.member_id)
         if previous is not None:
             group.count_support(previous, -1)
+        if previous is not None and previous.pending:
+            self.pending_total -= 1
+        if value is not None and value.pending:
+            self.pending_total += 1
         if previous is not None and previous.instance_id is not None:
             if group.instances.get(previous.instance_id) == key.member_id:
                 del group.instances[previous.instance_id]
