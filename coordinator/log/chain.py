@@ -139,8 +139,11 @@ def _problem(segment: Segment | None, path: str, reason: str) -> LogCorruptError
     return LogCorruptError(f"{file}: {reason}", file=file, position=None)
 
 
-def link_segments(all_ends: Sequence[SegmentEnds]) -> Chain:
-    """Check that the segments (sorted by base offset) form one unbroken log."""
+def link_segments(all_ends: Sequence[SegmentEnds], *, live: bool = False) -> Chain:
+    """Check that the segments (sorted by base offset) form one unbroken log.
+
+    `live`: a writer is running, and the newest segment given may be one it is rolling
+    away from (its trailer written, the next segment not among those given)."""
     chain = Chain()
     accepted: list[SegmentEnds] = []
     for ends in all_ends:
@@ -169,7 +172,7 @@ def link_segments(all_ends: Sequence[SegmentEnds]) -> Chain:
 
     # A newest segment with only its header after a segment without a trailer: a roll
     # that a crash (or a failed write) stopped half-way.
-    if (len(accepted) >= 2 and accepted[-1].kind == "chained"
+    if (not live and len(accepted) >= 2 and accepted[-1].kind == "chained"
             and not accepted[-1].has_batches and accepted[-1].end_offset is None
             and accepted[-2].kind == "chained" and accepted[-2].end_offset is None):
         chain.unfinished_roll = accepted.pop().segment
@@ -192,7 +195,7 @@ def link_segments(all_ends: Sequence[SegmentEnds]) -> Chain:
                 chain.problems.append(_problem(
                     segment, "", f"has no end mark although {following.segment.name} "
                     "follows it (cut short or emptied?)"))
-            elif ends.end_offset is not None and following is None:
+            elif ends.end_offset is not None and following is None and not live:
                 chain.problems.append(_problem(
                     None, str(segment.path.parent / segment_file_name(ends.end_offset)),
                     f"is missing: {segment.name} ends at offset {ends.end_offset} and no "

@@ -75,7 +75,9 @@ def compact(
 ) -> CompactionReport:
     data_dir = Path(data_dir)
     layer = file_layer if file_layer is not None else OsFileLayer()
-    listing, chain = survey(layer, data_dir)
+    # With a writer running, only the segments below its durable end are looked at: the
+    # later ones hold nothing durable, and one may be in the middle of a roll.
+    listing, chain = survey(layer, data_dir, below=durable_end_offset)
     listing.require_well_formed()
     chain.raise_first_problem()  # compaction refuses to rewrite a broken log
     if chain.legacy:
@@ -83,7 +85,7 @@ def compact(
             raise LogError(f"{data_dir}: segments without a header while a writer runs")
         # Opening a writer converts them (and repairs what a crash left); nothing is appended.
         LogWriter.open(data_dir, file_layer=layer).close()
-        listing, chain = survey(layer, data_dir)
+        listing, chain = survey(layer, data_dir, below=durable_end_offset)
         chain.raise_first_problem()
     if chain.merge_leftovers:
         for leftover in chain.merge_leftovers:

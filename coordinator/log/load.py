@@ -178,14 +178,21 @@ class LogLoad:
         )
 
 
-def survey(layer: FileLayer, data_dir: Path) -> tuple[DirectoryListing, Chain]:
-    """The directory's files and how its segments link up (only their ends are read)."""
+def survey(layer: FileLayer, data_dir: Path, *, below: int | None = None
+           ) -> tuple[DirectoryListing, Chain]:
+    """The directory's files and how its segments link up (only their ends are read).
+
+    With `below` (a live writer's durable end), only the segments starting below it are
+    linked, and the newest of those may have a trailer with no successor yet: the writer
+    may be rolling right now."""
     listing = list_segments(layer, data_dir)
     all_ends = []
     for segment in listing.segments:
+        if below is not None and segment.base_offset >= below:
+            break
         with layer.read_mapped(segment.path) as data:
             all_ends.append(read_ends(segment, data))
-    return listing, link_segments(all_ends)
+    return listing, link_segments(all_ends, live=below is not None)
 
 
 def read_all(data_dir: Path | str, file_layer: FileLayer | None = None) -> LogLoad:
