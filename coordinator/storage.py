@@ -278,6 +278,9 @@ class LogReplayer:
             raise
         for warning in load.result.warnings:
             log.warning("log_damage_repaired", detail=warning)
+        if load.result.legacy_segments:
+            # Written before segments had headers: the writer gives them theirs now.
+            log.info("log_segments_converted", segments=len(load.result.legacy_segments))
         self.writer = LogWriter.open(self.data_dir, file_layer=self.file_layer,
                                      segment_bytes=self.config.log_segment_bytes,
                                      recovered=load.result)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -59,7 +60,8 @@ def data_dir(written_log: Path, tmp_path: Path) -> Path:
     return copy
 
 
-async def all_groups_are_back(data_dir: Path, tmp_path: Path) -> None:
+async def all_groups_are_back(data_dir: Path, tmp_path: Path) -> list[dict[str, Any]]:
+    """Start `serve`: every group is there as written. The server's log events."""
     server = ServerProcess(data_dir, tmp_path, SETTINGS)
     await server.start()
     try:
@@ -72,6 +74,7 @@ async def all_groups_are_back(data_dir: Path, tmp_path: Path) -> None:
             assert connector_tasks(view) == {"c": index % 5 + 1}, view
     finally:
         server.kill()
+    return server.events()
 
 
 async def refused(data_dir: Path, tmp_path: Path, file: str) -> None:
@@ -153,7 +156,9 @@ async def test_a_log_written_before_segments_had_headers_loads_and_is_converted(
     strip_headers(data_dir)
     assert all(read_ends(s, s.path.read_bytes()).kind == "legacy" for s in segments(data_dir))
     assert tool("check", str(data_dir)).returncode == 0
-    await all_groups_are_back(data_dir, tmp_path)
+    events = await all_groups_are_back(data_dir, tmp_path)
+    converted = [e for e in events if e.get("event") == "log_segments_converted"]
+    assert converted and converted[0]["segments"] == len(segments(data_dir))
     assert all(read_ends(s, s.path.read_bytes()).kind == "chained" for s in segments(data_dir))
     assert tool("check", str(data_dir)).returncode == 0
     # Converted, the log knows its segments: losing one is refused from now on.

@@ -183,7 +183,9 @@ def write_legacy_log(data_dir: Path) -> None:
 def test_a_legacy_log_is_converted_when_a_writer_opens_it(tmp_path: Path) -> None:
     write_legacy_log(tmp_path)
     before = load_entries(tmp_path)
-    assert check(tmp_path).ok
+    report = check(tmp_path)
+    assert report.ok and report.legacy_segments == 3
+    assert "3 segment(s) without a header" in "\n".join(report.lines())
     writer = LogWriter.open(tmp_path)
     assert writer.append([(b"y", b"2")], T0) == 9
     writer.close()
