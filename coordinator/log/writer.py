@@ -152,7 +152,6 @@ class LogWriter:
         self._check_usable()
         if not records:
             raise ValueError("append needs at least one record")
-        before = self.position
         batch = encode_batch(self._next_offset, records, now_ms)
         if (self._active.size > HEADER_SIZE
                 and self._active.size + len(batch) > self._segment_bytes):
@@ -161,6 +160,7 @@ class LogWriter:
             except OSError as error:
                 self.stats.failed_writes += 1
                 raise self._fail(error, self._durable, "rolling to a new segment") from error
+        before = self.position  # after a roll: in the new segment
         try:
             self._active.write(batch)
         except OSError as error:

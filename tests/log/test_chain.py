@@ -78,7 +78,7 @@ def test_a_crash_at_any_step_of_a_roll_leaves_a_log_that_loads(
     assert_loads_and_continues(tmp_path, synced=6)
 
 
-@pytest.mark.parametrize(("operation", "after", "fault"), ROLL_STEPS[:-1], ids=STEP_IDS[:-1])
+@pytest.mark.parametrize(("operation", "after", "fault"), ROLL_STEPS, ids=STEP_IDS)
 def test_a_failed_step_of_a_roll_is_undone_and_the_writer_goes_on(
     tmp_path: Path, operation: Operation, after: int, fault: Fault
 ) -> None:
