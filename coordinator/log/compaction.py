@@ -113,7 +113,8 @@ def compact(
     for entry in _durable_entries(layer, open_links, previous_offset, durable_end):
         newest_offset[entry.key] = entry.offset
 
-    # Pass 2: rewrite and merge, oldest first. Segments are read again rather than kept.
+    # Pass 2: rewrite and merge, oldest first. Segments are read again rather than kept;
+    # only what one merge keeps (at most `segment_bytes`) is held at a time.
     tombstone_horizon = now_ms - tombstone_retention_ms
     group = _MergeGroup()
     for link in closed:
