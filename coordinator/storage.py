@@ -278,6 +278,9 @@ class LogReplayer:
             raise
         for warning in load.result.warnings:
             log.warning("log_damage_repaired", detail=warning)
+        if load.result.legacy_segments:
+            # Written before segments had headers: the writer gives them theirs now.
+            log.info("log_segments_converted", segments=len(load.result.legacy_segments))
         self.writer = LogWriter.open(self.data_dir, file_layer=self.file_layer,
                                      segment_bytes=self.config.log_segment_bytes,
                                      recovered=load.result)
@@ -337,7 +340,8 @@ async def compact_once(sink: LogSink, config: ServerConfig, now_ms: int
     started = time.perf_counter()
     report = await trio.to_thread.run_sync(
         partial(compact, writer.data_dir, now_ms, config.log_tombstone_retention_ms,
-                writer.file_layer, durable_end_offset=writer.durable_end_offset))
+                writer.file_layer, durable_end_offset=writer.durable_end_offset,
+                segment_bytes=config.log_segment_bytes))
     log.info("log_compacted", segments_examined=report.segments_examined,
              segments_rewritten=report.segments_rewritten,
              segments_removed=report.segments_removed,

@@ -19,6 +19,7 @@ from coordinator.log.dump import RecordFormatter, dump
 from coordinator.log.errors import LogError
 from coordinator.log.load import check
 from coordinator.log.lock import DataDirLock
+from coordinator.log.segments import DEFAULT_SEGMENT_BYTES
 from protocol.records import RecordDecodeError, format_record
 
 PROG = "connect-coordinator log"
@@ -72,6 +73,10 @@ def build_parser() -> argparse.ArgumentParser:
     compact_parser.add_argument(
         "--tombstone-retention-ms", type=int, default=24 * 3_600_000, metavar="MS"
     )
+    compact_parser.add_argument(
+        "--segment-bytes", type=int, default=DEFAULT_SEGMENT_BYTES, metavar="BYTES",
+        help="merge adjacent closed segments while they fit in this many bytes "
+             "(serve's log.segment.bytes)")
     snapshot_parser = commands.add_parser(
         "snapshot", help="replay the log; write its groups, members and units as rows",
         description="Replay the log into a fresh coordinator (default config) and write one "
@@ -121,10 +126,11 @@ def _run(args: argparse.Namespace, data_dir: Path) -> int:
     if args.command == "snapshot":
         return _snapshot(data_dir, args.out)
     with DataDirLock.acquire(data_dir):  # not under a running coordinator's feet
-        result = compact(data_dir, int(time.time() * 1000), args.tombstone_retention_ms)
+        result = compact(data_dir, int(time.time() * 1000), args.tombstone_retention_ms,
+                         segment_bytes=args.segment_bytes)
     print(
         f"{result.segments_rewritten} of {result.segments_examined} closed segments rewritten "
-        f"({result.segments_removed} removed): records {result.records_before} -> "
+        f"({result.segments_removed} merged away): records {result.records_before} -> "
         f"{result.records_after}, bytes {result.bytes_before} -> {result.bytes_after}, "
         f"{result.tombstones_dropped} expired tombstones dropped"
     )

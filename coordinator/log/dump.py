@@ -9,8 +9,8 @@ from pathlib import Path
 from coordinator.log.batch import LogEntry
 from coordinator.log.errors import LogCorruptError
 from coordinator.log.files import FileLayer, OsFileLayer
+from coordinator.log.load import survey
 from coordinator.log.scan import SegmentScan
-from coordinator.log.segments import list_segments
 
 RecordFormatter = Callable[[bytes, bytes | None], str]
 
@@ -23,23 +23,34 @@ def dump(
     """One line per segment, per batch and per record; damage is shown, not raised."""
     layer = file_layer if file_layer is not None else OsFileLayer()
     data_dir = Path(data_dir)
-    listing = list_segments(layer, data_dir)
+    listing, chain = survey(layer, data_dir)
     for path in listing.misnamed:
         yield f"Skipping {path}: not a segment file name"
     for path in listing.temp_files:
-        yield f"Skipping {path}: temp file of an interrupted compaction"
-    segments = listing.segments
+        yield f"Skipping {path}: temp file of an interrupted compaction or roll"
+    for segment in chain.merge_leftovers:
+        yield f"Skipping {segment.path}: merged into the segment before it"
+    for problem in chain.problems:
+        yield f"Damage: {problem}"
+    links = chain.links
     previous_offset = -1
-    for index, segment in enumerate(segments):
-        newest = index == len(segments) - 1
+    for link in links:
+        segment, ends = link.segment, link.ends
         scan = SegmentScan(
             layer.read(segment.path),
             segment,
             previous_offset=previous_offset,
-            next_segment_base=None if newest else segments[index + 1].base_offset,
+            next_segment_base=link.offset_limit,
             consecutive=False,  # show what is there; `check` judges the offsets
+            start=ends.batches_start,
+            end=ends.batches_end,
         )
         yield f"Dumping {segment.path} ({len(scan.data)} bytes)"
+        if ends.kind == "chained":
+            yield (f"segment header: baseOffset: {ends.header_base} "
+                   f"firstOfLog: {str(ends.first).lower()}")
+        else:
+            yield "segment header: none (written before segments had one)"
         try:
             for header in scan.headers():
                 yield (
@@ -55,8 +66,10 @@ def dump(
         if scan.frame_problem is not None:
             yield (
                 f"Damage: {segment.path} at byte {scan.frame_problem.position}: "
-                f"{scan.frame_problem.reason} ({len(scan.data) - scan.valid_end} bytes)"
+                f"{scan.frame_problem.reason} ({scan.size - scan.valid_end} bytes)"
             )
+        if ends.end_offset is not None:
+            yield f"segment trailer: endOffset: {ends.end_offset}"
         previous_offset = max(previous_offset, scan.last_offset)
 
 

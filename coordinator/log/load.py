@@ -1,10 +1,12 @@
 """Start-up load (`read_all`) and the read-only `check` of a data directory.
 
-`read_all` repairs exactly one thing: a partial or CRC-failing batch at the very end of
-the newest segment with nothing valid after it, which is what a crash during an append
-leaves behind (that append was never acknowledged). It truncates it away and says so in
-the result. It also removes temp files left by an interrupted compaction (the segment
-they were meant to replace is still intact). Everything else raises `LogCorruptError`.
+`read_all` repairs only what a crash leaves behind, and says so in the result: a partial
+or CRC-failing batch at the very end of the newest segment with nothing valid after it
+(an append that was never acknowledged), truncated away; temp files of an interrupted
+compaction or roll (the segments they were meant to become are intact without them);
+segments an interrupted merge left behind (the merged segment holds their records); and
+the empty segment of an unfinished roll (see `coordinator.log.chain`). Everything else,
+a broken chain of segments included, raises `LogCorruptError` naming the file.
 """
 
 from __future__ import annotations
@@ -14,10 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from coordinator.log.batch import LogEntry
+from coordinator.log.chain import Chain, ChainLink, link_segments, read_ends
 from coordinator.log.errors import LogCorruptError
 from coordinator.log.files import FileLayer, OsFileLayer
 from coordinator.log.scan import SegmentScan
-from coordinator.log.segments import Segment, list_segments
+from coordinator.log.segments import DirectoryListing, Segment, list_segments
 
 
 @dataclass(frozen=True)
@@ -47,14 +50,25 @@ class LoadResult:
     active_segment_size: int = 0
     truncations: list[TailTruncation] = field(default_factory=list)
     removed_temp_files: list[str] = field(default_factory=list)
+    removed_merge_leftovers: list[str] = field(default_factory=list)
+    removed_unfinished_roll: str | None = None
+    # The segments without a header (written before segments had one), oldest first;
+    # the writer converts them when it opens the log.
+    legacy_segments: list[ChainLink] = field(default_factory=list)
 
     @property
     def warnings(self) -> list[str]:
         """What the caller should log at warning level."""
-        return [truncation.message() for truncation in self.truncations] + [
-            f"removed {name}, left behind by an interrupted compaction"
-            for name in self.removed_temp_files
-        ]
+        unfinished = self.removed_unfinished_roll
+        return (
+            [truncation.message() for truncation in self.truncations]
+            + [f"removed {name}, left behind by an interrupted compaction or roll"
+               for name in self.removed_temp_files]
+            + [f"removed {name}: an interrupted compaction had merged its records into "
+               "the segment before it" for name in self.removed_merge_leftovers]
+            + ([f"removed {unfinished}, the empty segment of a roll a crash interrupted"]
+               if unfinished is not None else [])
+        )
 
 
 class LogLoad:
@@ -94,25 +108,35 @@ class LogLoad:
         self._started = True
         layer = self._file_layer
         result = LoadResult(self._data_dir)
-        listing = list_segments(layer, self._data_dir)
+        listing, chain = survey(layer, self._data_dir)
         listing.require_well_formed()
-        if listing.temp_files:
-            for path in listing.temp_files:
+        chain.raise_first_problem()
+        removed = [*listing.temp_files, *(leftover.path for leftover in chain.merge_leftovers)]
+        if chain.unfinished_roll is not None:
+            removed.append(chain.unfinished_roll.path)
+            result.removed_unfinished_roll = str(chain.unfinished_roll.path)
+        result.removed_temp_files = [str(path) for path in listing.temp_files]
+        result.removed_merge_leftovers = [str(leftover.path) for leftover in chain.merge_leftovers]
+        if removed:
+            for path in removed:
                 layer.remove(path)
-                result.removed_temp_files.append(str(path))
             layer.fsync_directory(self._data_dir)
 
-        segments = listing.segments
+        links = chain.links
+        result.legacy_segments = chain.legacy
         previous_offset = -1
-        for index, segment in enumerate(segments):
-            newest = index == len(segments) - 1
+        for index, link in enumerate(links):
+            segment = link.segment
+            newest = index == len(links) - 1
             with layer.read_mapped(segment.path) as data:
                 scan = SegmentScan(
                     data,
                     segment,
                     previous_offset=previous_offset,
-                    next_segment_base=None if newest else segments[index + 1].base_offset,
+                    next_segment_base=link.offset_limit,
                     consecutive=newest,
+                    start=link.ends.batches_start,
+                    end=link.ends.batches_end,
                 )
                 yield scan
                 if scan.frame_problem is not None:
@@ -154,6 +178,23 @@ class LogLoad:
         )
 
 
+def survey(layer: FileLayer, data_dir: Path, *, below: int | None = None
+           ) -> tuple[DirectoryListing, Chain]:
+    """The directory's files and how its segments link up (only their ends are read).
+
+    With `below` (a live writer's durable end), only the segments starting below it are
+    linked, and the newest of those may have a trailer with no successor yet: the writer
+    may be rolling right now."""
+    listing = list_segments(layer, data_dir)
+    all_ends = []
+    for segment in listing.segments:
+        if below is not None and segment.base_offset >= below:
+            break
+        with layer.read_mapped(segment.path) as data:
+            all_ends.append(read_ends(segment, data))
+    return listing, link_segments(all_ends, live=below is not None)
+
+
 def read_all(data_dir: Path | str, file_layer: FileLayer | None = None) -> LogLoad:
     """Every record of the log in offset order: `for offset, key, value, ts in read_all(d)`."""
     return LogLoad(Path(data_dir), file_layer if file_layer is not None else OsFileLayer())
@@ -166,9 +207,11 @@ def find_newest(data_dir: Path | str, key: bytes, file_layer: FileLayer | None =
     For error messages about a log that loaded: it reads the whole log again."""
     layer = file_layer if file_layer is not None else OsFileLayer()
     found = None
-    for segment in list_segments(layer, Path(data_dir)).segments:
+    for link in survey(layer, Path(data_dir))[1].links:
+        segment = link.segment
         scan = SegmentScan(layer.read(segment.path), segment, previous_offset=-1,
-                           next_segment_base=None, consecutive=False)
+                           next_segment_base=None, consecutive=False,
+                           start=link.ends.batches_start, end=link.ends.batches_end)
         for header, entries in scan.batches():
             for entry in entries:
                 if entry.key == key:
@@ -198,6 +241,9 @@ class CheckReport:
     records: int = 0
     damage: list[Damage] = field(default_factory=list)
     temp_files: list[str] = field(default_factory=list)
+    merge_leftovers: list[str] = field(default_factory=list)
+    unfinished_roll: str | None = None
+    legacy_segments: int = 0  # without a header: the writer converts them when it opens
 
     @property
     def ok(self) -> bool:
@@ -215,7 +261,15 @@ class CheckReport:
         return (
             [summary]
             + [damage.message() for damage in self.damage]
-            + [f"{name}: temp file of an interrupted compaction" for name in self.temp_files]
+            + [f"{name}: temp file of an interrupted compaction or roll"
+               for name in self.temp_files]
+            + [f"{name}: merged into the segment before it by an interrupted compaction"
+               for name in self.merge_leftovers]
+            + ([f"{self.unfinished_roll}: empty segment of an interrupted roll"]
+               if self.unfinished_roll is not None else [])
+            + ([f"{self.legacy_segments} segment(s) without a header (an older format): "
+                "given one when a coordinator next opens the log; until then a lost "
+                "segment among them cannot be told"] if self.legacy_segments else [])
             + ["OK" if self.ok else f"{len(self.damage)} problem(s) found"]
         )
 
@@ -224,22 +278,31 @@ def check(data_dir: Path | str, file_layer: FileLayer | None = None) -> CheckRep
     """Find every kind of damage `read_all` would repair or refuse; change nothing."""
     layer = file_layer if file_layer is not None else OsFileLayer()
     report = CheckReport(Path(data_dir))
-    listing = list_segments(layer, report.data_dir)
+    listing, chain = survey(layer, report.data_dir)
     report.temp_files = [str(path) for path in listing.temp_files]
+    report.merge_leftovers = [str(segment.path) for segment in chain.merge_leftovers]
+    if chain.unfinished_roll is not None:
+        report.unfinished_roll = str(chain.unfinished_roll.path)
+    report.legacy_segments = len(chain.legacy)
     for path in listing.misnamed:
         report.damage.append(
             Damage(str(path), None, "not a segment file name (20 digits + .log)", False)
         )
-    segments = listing.segments
+    for broken in chain.problems:
+        report.damage.append(Damage(broken.file, broken.position, _reason(broken), False))
+    links = chain.links
     previous_offset = -1
-    for index, segment in enumerate(segments):
-        newest = index == len(segments) - 1
+    for index, link in enumerate(links):
+        segment = link.segment
+        newest = index == len(links) - 1
         scan = SegmentScan(
             layer.read(segment.path),
             segment,
             previous_offset=previous_offset,
-            next_segment_base=None if newest else segments[index + 1].base_offset,
+            next_segment_base=link.offset_limit,
             consecutive=newest,
+            start=link.ends.batches_start,
+            end=link.ends.batches_end,
         )
         report.segments += 1
         try:
@@ -269,5 +332,6 @@ def check(data_dir: Path | str, file_layer: FileLayer | None = None) -> CheckRep
 
 def _reason(error: LogCorruptError) -> str:
     message = str(error)
-    prefix = f"{error.file} at byte {error.position}: "
+    where = f" at byte {error.position}" if error.position is not None else ""
+    prefix = f"{error.file}{where}: "
     return message[len(prefix) :] if message.startswith(prefix) else message

@@ -60,15 +60,19 @@ class SegmentScan:
         previous_offset: int,
         next_segment_base: int | None,
         consecutive: bool,
+        start: int = 0,
+        end: int | None = None,
     ) -> None:
+        """`start` and `end` bound the batches within `data` (a segment's header and
+        trailer lie outside them)."""
         self.data = data
-        self.size = len(data)
+        self.size = len(data) if end is None else end
         self.view = memoryview(data)
         self.segment = segment
         self._next_segment_base = next_segment_base
         self._consecutive = consecutive
         self.last_offset = previous_offset
-        self.valid_end = 0
+        self.valid_end = start
         self.batch_count = 0
         self.record_count = 0
         self.frame_problem: FrameProblem | None = None
@@ -163,6 +167,8 @@ class SegmentScan:
         None) its records read; None after recording a frame problem there. Raises
         `LogCorruptError` for a batch whose CRC matches but that breaks a rule."""
         header = read_batch_header(self.data, position, self.view)
+        if not isinstance(header, FrameProblem) and header.end > self.size:
+            header = FrameProblem(position, "a batch runs into the segment's end mark", False)
         if isinstance(header, FrameProblem):
             self.frame_problem = header
             return None
@@ -235,7 +241,7 @@ class SegmentScan:
         data = self.data
         # Offsets run on by one in the newest segment, so a following batch cannot start
         # further on than one offset per byte of the damaged stretch.
-        highest_plausible_base = self.last_offset + 1 + len(data)
+        highest_plausible_base = self.last_offset + 1 + self.size
         search_from = problem.position + 1 + _MAGIC_POSITION
         while True:
             found = data.find(MAGIC.to_bytes(1, "big"), search_from)
@@ -243,7 +249,7 @@ class SegmentScan:
                 return None
             search_from = found + 1
             candidate = found - _MAGIC_POSITION
-            if len(data) - candidate < HEADER_SIZE:
+            if self.size - candidate < HEADER_SIZE:
                 return None
             base = int.from_bytes(data[candidate : candidate + 8], "big", signed=True)
             if not self.last_offset < base <= highest_plausible_base:

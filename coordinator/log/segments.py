@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -10,7 +11,7 @@ from coordinator.log.errors import LogCorruptError
 from coordinator.log.files import FileLayer
 
 SEGMENT_SUFFIX = ".log"
-# Compaction writes the replacement of `<name>.log` as `<name>.log.tmp`, then renames it.
+# A segment is written whole as `<name>.log.tmp`, then renamed (see `write_whole_file`).
 TEMP_SUFFIX = ".log.tmp"
 DEFAULT_SEGMENT_BYTES = 64 * 1024 * 1024
 _SEGMENT_NAME = re.compile(r"[0-9]{20}\.log")
@@ -63,3 +64,30 @@ def list_segments(file_layer: FileLayer, data_dir: Path) -> DirectoryListing:
         # Anything else (a lock file, an editor's backup) is not ours: leave it alone.
     segments.sort()
     return DirectoryListing(segments, temp_files, misnamed)
+
+
+def write_whole_file(layer: FileLayer, path: Path, chunks: Iterable[bytes]) -> int:
+    """Write `chunks` to `path` as a whole: under a temp name, fsynced, renamed into place,
+    so that `path` never exists half-written. Returns the size. The caller fsyncs the
+    directory. On failure the temp file is removed if possible (start-up removes it
+    otherwise) and whatever `path` was stays as it was."""
+    temp_path = path.with_name(path.name + ".tmp")
+    temp = layer.open(temp_path, create=True)
+    size = 0
+    try:
+        try:
+            temp.truncate(0)  # a stale temp file from an earlier crash
+            for chunk in chunks:
+                temp.write(chunk)
+                size += len(chunk)
+            temp.fsync()
+        finally:
+            temp.close()
+        layer.rename(temp_path, path)
+    except OSError:
+        try:
+            layer.remove(temp_path)
+        except OSError:
+            pass
+        raise
+    return size

@@ -5,6 +5,10 @@ rolls it back to the last successful fsync, because after a failed fsync the ker
 already have dropped the unwritten pages, so nothing since the last good fsync can be
 trusted (and none of it was acknowledged). If the rollback itself fails, the writer
 refuses further work: only a restart (load + tail truncation) restores a known state.
+
+Segments are chained (`coordinator.log.chain`): each one is created whole with its header
+under a temp name, and a roll writes the old segment's trailer only once the new segment
+exists. Opening a directory written before segments had headers converts it first.
 """
 
 from __future__ import annotations
@@ -14,10 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from coordinator.log.batch import encode_batch
+from coordinator.log.chain import HEADER_SIZE, ChainLink, encode_header, encode_trailer
 from coordinator.log.errors import LogClosedError, LogError, LogWriteError, LogWriterBrokenError
 from coordinator.log.files import AppendableFile, FileLayer, OsFileLayer
 from coordinator.log.load import LoadResult, read_all
-from coordinator.log.segments import DEFAULT_SEGMENT_BYTES, list_segments, segment_file_name
+from coordinator.log.segments import DEFAULT_SEGMENT_BYTES, segment_file_name, write_whole_file
 
 
 @dataclass
@@ -90,16 +95,22 @@ class LogWriter:
             layer.make_dir(data_dir)
             layer.fsync_directory(data_dir.parent)
             base = recovered.next_offset
-            active = layer.open(data_dir / segment_file_name(base), create=True)
+            path = data_dir / segment_file_name(base)
+            write_whole_file(layer, path, [encode_header(base, first=True)])
             layer.fsync_directory(data_dir)
+            active = layer.open(path)
         else:
             base = recovered.active_segment.base_offset
+            expected_size = recovered.active_segment_size
+            if recovered.legacy_segments:
+                expected_size = convert_legacy_segments(
+                    layer, data_dir, recovered.legacy_segments, recovered)
             active = layer.open(recovered.active_segment.path)
-            if active.size != recovered.active_segment_size:
+            if active.size != expected_size:
                 active.close()
                 raise LogError(
                     f"{recovered.active_segment.path} is {active.size} bytes, the load saw "
-                    f"{recovered.active_segment_size}: it changed after loading"
+                    f"{expected_size}: it changed after loading"
                 )
         return cls(
             data_dir,
@@ -141,14 +152,15 @@ class LogWriter:
         self._check_usable()
         if not records:
             raise ValueError("append needs at least one record")
-        before = self.position
         batch = encode_batch(self._next_offset, records, now_ms)
-        if self._active.size > 0 and self._active.size + len(batch) > self._segment_bytes:
+        if (self._active.size > HEADER_SIZE
+                and self._active.size + len(batch) > self._segment_bytes):
             try:
                 self._roll()
             except OSError as error:
                 self.stats.failed_writes += 1
                 raise self._fail(error, self._durable, "rolling to a new segment") from error
+        before = self.position  # after a roll: in the new segment
         try:
             self._active.write(batch)
         except OSError as error:
@@ -205,13 +217,46 @@ class LogWriter:
         self._active.fsync()
         self.stats.fsyncs += 1
         self._durable = self.position
-        path = self._data_dir / segment_file_name(self._next_offset)
-        new_file = self._file_layer.open(path, create=True)
+        closed_size = self._active.size
+        base = self._next_offset
+        path = self._data_dir / segment_file_name(base)
+        # The new segment exists (header and directory entry durable) before the old one
+        # names it in its trailer: a crash in between leaves an unfinished roll, which
+        # start-up undoes, never a trailer naming a missing segment.
+        write_whole_file(self._file_layer, path, [encode_header(base, first=False)])
+        new_file: AppendableFile | None = None
+        try:
+            self._file_layer.fsync_directory(self._data_dir)
+            new_file = self._file_layer.open(path)
+            self._active.write(encode_trailer(base))
+            self._active.fsync()
+            self.stats.fsyncs += 1
+        except OSError:
+            if new_file is not None:
+                new_file.close()
+            self._undo_roll(path, closed_size)
+            raise
         self._active.close()
         self._active = new_file
-        self._active_base = self._next_offset
+        self._active_base = base
+        self._durable = self.position
         self.stats.segments_rolled += 1
-        self._file_layer.fsync_directory(self._data_dir)
+
+    def _undo_roll(self, new_path: Path, closed_size: int) -> None:
+        """Back to before a roll that failed: the old segment loses its (maybe partial)
+        trailer first, then the new one goes; each step leaves a chain start-up accepts."""
+        try:
+            if self._active.size != closed_size:
+                self._active.truncate(closed_size)
+                self._active.fsync()
+            self._file_layer.remove(new_path)
+            self._file_layer.fsync_directory(self._data_dir)
+        except OSError as error:
+            self._broken = error
+            raise LogWriterBrokenError(
+                f"undoing a failed roll failed: {error}; restart to recover",
+                rolled_back_to_offset=None,
+            ) from error
 
     def _fail(self, error: OSError, target: LogPosition, what: str) -> LogWriteError:
         self._rollback_to(target)
@@ -223,16 +268,10 @@ class LogWriter:
     def _rollback_to(self, target: LogPosition) -> None:
         try:
             if self._active_base != target.segment_base:
-                # Segments rolled since `target` never held a durable byte: remove them.
-                self._active.close()
-                for segment in list_segments(self._file_layer, self._data_dir).segments:
-                    if segment.base_offset > target.segment_base:
-                        self._file_layer.remove(segment.path)
-                self._file_layer.fsync_directory(self._data_dir)
-                self._active = self._file_layer.open(
-                    self._data_dir / segment_file_name(target.segment_base)
-                )
-                self._active_base = target.segment_base
+                # A roll moves the durable position into the new segment, and a failed
+                # roll undoes itself: a rollback never has to cross segments.
+                raise OSError(f"cannot roll back from segment {self._active_base} to "
+                              f"segment {target.segment_base}")
             if self._active.size != target.size:
                 self._active.truncate(target.size)
                 self._active.fsync()
@@ -245,3 +284,28 @@ class LogWriter:
         # `target` is never before the last durable position, which therefore stands.
         self._next_offset = target.next_offset
         self.stats.rollbacks += 1
+
+
+def convert_legacy_segments(layer: FileLayer, data_dir: Path, legacy: list[ChainLink],
+                            recovered: LoadResult) -> int:
+    """Give the segments written before segments had headers their header and (but the
+    newest) their trailer, newest first (see `coordinator.log.chain`); return the newest
+    segment's new size. `legacy` are the oldest segments of the log, so its first is the
+    log's first."""
+    active = recovered.active_segment
+    active_size = recovered.active_segment_size
+    for index in range(len(legacy) - 1, -1, -1):
+        link = legacy[index]
+        segment = link.segment
+        data = layer.read(segment.path)
+        is_active = active is not None and segment.path == active.path
+        if is_active:
+            data = data[:recovered.active_segment_size]
+        chunks = [encode_header(segment.base_offset, first=index == 0), data]
+        if link.offset_limit is not None:
+            chunks.append(encode_trailer(link.offset_limit))
+        size = write_whole_file(layer, segment.path, chunks)
+        layer.fsync_directory(data_dir)
+        if is_active:
+            active_size = size
+    return active_size

@@ -14,6 +14,7 @@ import pytest
 from crc32c import crc32c
 
 from coordinator.log import LogWriter
+from coordinator.log.chain import HEADER_SIZE
 from coordinator.log.files import OsFileLayer
 from coordinator.log.segments import list_segments
 from coordinator.storage import snapshot_rows
@@ -96,13 +97,13 @@ async def test_a_crc_error_in_an_older_segment_stops_the_server(tmp_path: Path) 
     build_log(data_dir)
     older = list_segments(OsFileLayer(), data_dir).segments[0].path
     data = bytearray(older.read_bytes())
-    data[100] ^= 0x5A  # inside the first batch's records: its CRC no longer matches
+    data[HEADER_SIZE + 100] ^= 0x5A  # inside the first batch's records: a CRC mismatch
     older.write_bytes(bytes(data))
 
     failed, output = await failed_start(data_dir, tmp_path)
-    assert failed["file"] == str(older) and failed["position"] == 0
+    assert failed["file"] == str(older) and failed["position"] == HEADER_SIZE
     assert "crc" in failed["error"].lower()
-    assert f"{older} at byte 0" in output.splitlines()[-1]
+    assert f"{older} at byte {HEADER_SIZE}" in output.splitlines()[-1]
     # Nothing was repaired: the damage is left for an operator to look at.
     assert older.read_bytes() == bytes(data)
     checked = tool("check", "--data-dir", str(data_dir))
@@ -117,15 +118,16 @@ async def test_a_malformed_batch_with_a_valid_crc_stops_the_server(tmp_path: Pat
     build_log(data_dir)
     older = list_segments(OsFileLayer(), data_dir).segments[0].path
     data = bytearray(older.read_bytes())
-    batch_end = 12 + struct.unpack_from(">i", data, 8)[0]
-    count = struct.unpack_from(">i", data, 57)[0]
-    struct.pack_into(">i", data, 57, count + 1)  # one record more than the batch holds
-    struct.pack_into(">I", data, 17, crc32c(bytes(data[21:batch_end])))
+    batch = HEADER_SIZE  # the first batch, right after the segment's header
+    batch_end = batch + 12 + struct.unpack_from(">i", data, batch + 8)[0]
+    count = struct.unpack_from(">i", data, batch + 57)[0]
+    struct.pack_into(">i", data, batch + 57, count + 1)  # one record more than it holds
+    struct.pack_into(">I", data, batch + 17, crc32c(bytes(data[batch + 21 : batch_end])))
     older.write_bytes(bytes(data))
 
     failed, _ = await failed_start(data_dir, tmp_path)
-    assert failed["file"] == str(older) and failed["position"] == 0
-    assert f"{older} at byte 0: malformed batch: record" in failed["error"]
+    assert failed["file"] == str(older) and failed["position"] == HEADER_SIZE
+    assert f"{older} at byte {HEADER_SIZE}: malformed batch: record" in failed["error"]
     assert older.read_bytes() == bytes(data)
 
 

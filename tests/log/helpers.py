@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from coordinator.log.batch import LogEntry
+from coordinator.log.chain import read_ends
 from coordinator.log.files import FileLayer, OsFileLayer
 from coordinator.log.load import read_all
 from coordinator.log.scan import SegmentScan
@@ -56,8 +57,10 @@ def peek_entries(data_dir: Path, *, synced_sizes: dict[Path, int] | None = None)
         data = layer.read(segment.path)
         if synced_sizes is not None:
             data = data[: synced_sizes.get(segment.path, 0)]
+        ends = read_ends(segment, data)
         scan = SegmentScan(
-            data, segment, previous_offset=-1, next_segment_base=None, consecutive=False
+            data, segment, previous_offset=-1, next_segment_base=None, consecutive=False,
+            start=ends.batches_start, end=ends.batches_end,
         )
         for _, batch in scan.batches():
             entries.extend(batch)
@@ -71,6 +74,16 @@ def snapshot(data_dir: Path) -> dict[str, bytes]:
 
 def total_segment_bytes(data_dir: Path) -> int:
     return sum(path.stat().st_size for path in data_dir.glob("*.log"))
+
+
+def total_batch_bytes(data_dir: Path) -> int:
+    """The segments' bytes without their headers and trailers."""
+    layer = OsFileLayer()
+    total = 0
+    for segment in list_segments(layer, data_dir).segments:
+        ends = read_ends(segment, layer.read(segment.path))
+        total += ends.batches_end - ends.batches_start
+    return total
 
 
 def segment_paths(data_dir: Path) -> list[Path]:

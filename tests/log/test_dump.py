@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from coordinator.log import dump
+from coordinator.log.chain import HEADER_SIZE
 from coordinator.log.segments import segment_file_name
 
 from .helpers import write_log
@@ -18,7 +19,7 @@ def test_dump_lists_batches_and_records_in_hex(tmp_path: Path) -> None:
     assert lines[0].startswith(f"Dumping {tmp_path / segment_file_name(0)}")
     batch_lines = [line for line in lines if line.startswith("baseOffset:")]
     assert batch_lines[0].startswith("baseOffset: 0 lastOffset: 1 count: 2")
-    assert "position: 0 " in batch_lines[0] and "crc: " in batch_lines[0]
+    assert f"position: {HEADER_SIZE} " in batch_lines[0] and "crc: " in batch_lines[0]
     assert batch_lines[1].startswith("baseOffset: 2 lastOffset: 2 count: 1")
     record_lines = [line for line in lines if line.startswith("| offset:")]
     assert len(record_lines) == 3

@@ -20,7 +20,7 @@ from coordinator.log.faults import Fault, FaultyFileLayer
 from coordinator.storage import LogSink, LogWriteFailed, encode_records
 from protocol.messages import ConnectGroupMemberMetadataKey, ConnectGroupMemberMetadataValue
 
-from .helpers import peek_entries, total_segment_bytes
+from .helpers import peek_entries, total_batch_bytes
 
 T0 = 1_700_000_000_000
 
@@ -94,7 +94,7 @@ async def test_concurrent_changes_share_fsyncs_and_return_only_when_durable(
     assert stats.appends == changes and stats.records == 2 * changes  # one batch per change
     # One fsync per flush, and one per rolled segment.
     assert 0 < sink.flushes <= stats.fsyncs < changes / 4, (sink.flushes, stats.fsyncs)
-    assert stats.bytes_appended == total_segment_bytes(tmp_path)
+    assert stats.bytes_appended == total_batch_bytes(tmp_path)
     entries = list(read_all(tmp_path))
     assert [e.offset for e in entries] == list(range(2 * changes))
     assert len({e.key for e in entries}) == 2 * changes

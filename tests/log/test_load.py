@@ -9,6 +9,7 @@ import pytest
 
 from coordinator.log import LogCorruptError, LogWriter, check, read_all
 from coordinator.log.batch import encode_batch
+from coordinator.log.chain import HEADER_SIZE, TRAILER_SIZE
 from coordinator.log.load import LogLoad
 from coordinator.log.segments import segment_file_name
 
@@ -16,6 +17,7 @@ from .helpers import batch_records, load_entries, segment_paths, snapshot, write
 
 T0 = 1_700_000_000_000
 BATCH = 223  # bytes of one batch of batch_records(i) for small i
+HEADER = HEADER_SIZE  # a segment's batches start after its header
 
 
 def build(tmp_path: Path, batches: int = 6, segment_bytes: int = 1024) -> list[Path]:
@@ -93,11 +95,11 @@ def test_torn_tail_of_newest_segment_is_truncated_with_a_warning(
 
 def test_crc_mismatch_in_the_last_batch_is_truncated(tmp_path: Path, read: Reader) -> None:
     (newest,) = build(tmp_path, batches=3, segment_bytes=10_000)
-    flip_byte(newest, 2 * BATCH + 100)
+    flip_byte(newest, HEADER + 2 * BATCH + 100)
     load = read_all(tmp_path)
     assert [key for key, _ in read(load)] == keys(6)
     assert "CRC mismatch" in load.result.truncations[0].reason
-    assert newest.stat().st_size == 2 * BATCH
+    assert newest.stat().st_size == HEADER + 2 * BATCH
 
 
 def test_zeros_at_the_tail_are_truncated(tmp_path: Path, read: Reader) -> None:
@@ -111,14 +113,14 @@ def test_zeros_at_the_tail_are_truncated(tmp_path: Path, read: Reader) -> None:
 
 def test_damage_followed_by_valid_batches_is_refused(tmp_path: Path, read: Reader) -> None:
     (newest,) = build(tmp_path, batches=4, segment_bytes=10_000)
-    flip_byte(newest, BATCH + 80)  # inside the second of four batches
+    flip_byte(newest, HEADER + BATCH + 80)  # inside the second of four batches
     before = snapshot(tmp_path)
     with pytest.raises(LogCorruptError) as caught:
         read(read_all(tmp_path))
     message = str(caught.value)
-    assert str(newest) in message and f"byte {BATCH}" in message
+    assert str(newest) in message and f"byte {HEADER + BATCH}" in message
     assert "followed by a valid batch" in message
-    assert caught.value.position == BATCH
+    assert caught.value.position == HEADER + BATCH
     assert snapshot(tmp_path) == before  # nothing was dropped
 
 
@@ -127,16 +129,16 @@ def test_corrupted_length_field_mid_file_is_refused(tmp_path: Path, read: Reader
     # it show it is not a torn tail.
     (newest,) = build(tmp_path, batches=4, segment_bytes=10_000)
     data = bytearray(newest.read_bytes())
-    data[BATCH + 9] = 0x7F
+    data[HEADER + BATCH + 9] = 0x7F
     newest.write_bytes(bytes(data))
-    with pytest.raises(LogCorruptError, match=f"byte {BATCH}"):
+    with pytest.raises(LogCorruptError, match=f"byte {HEADER + BATCH}"):
         read(read_all(tmp_path))
 
 
 def test_crc_mismatch_in_an_older_segment_is_refused(tmp_path: Path, read: Reader) -> None:
     paths = build(tmp_path, batches=10)
     assert len(paths) >= 3
-    flip_byte(paths[0], -5 % paths[0].stat().st_size)
+    flip_byte(paths[0], paths[0].stat().st_size - TRAILER_SIZE - 5)  # in its last batch
     before = snapshot(tmp_path)
     with pytest.raises(LogCorruptError) as caught:
         read(read_all(tmp_path))
@@ -149,11 +151,11 @@ def test_partial_batch_in_an_older_segment_is_refused(tmp_path: Path, read: Read
     paths = build(tmp_path, batches=10)
     size = paths[1].stat().st_size
     with open(paths[1], "r+b") as file:
-        file.truncate(size - 7)
+        file.truncate(size - 7)  # its end mark and the end of its last batch
     with pytest.raises(LogCorruptError) as caught:
         read(read_all(tmp_path))
     assert caught.value.file == str(paths[1])
-    assert caught.value.position == size - 7 - (BATCH - 7)
+    assert "no end mark" in str(caught.value) and paths[2].name in str(caught.value)
 
 
 def test_offset_gap_in_the_newest_segment_is_refused(tmp_path: Path, read: Reader) -> None:
@@ -236,8 +238,8 @@ def test_check_reports_repairable_tail_without_changing_anything(tmp_path: Path)
 
 def test_check_reports_unrepairable_damage_and_keeps_going(tmp_path: Path) -> None:
     paths = build(tmp_path, batches=10)
-    flip_byte(paths[0], 30)
-    flip_byte(paths[-1], 30)
+    flip_byte(paths[0], HEADER + 30)
+    flip_byte(paths[-1], HEADER + 30)
     (tmp_path / "x.log").write_bytes(b"")
     (tmp_path / (paths[1].name + ".tmp")).write_bytes(b"junk")
     before = snapshot(tmp_path)
@@ -245,10 +247,10 @@ def test_check_reports_unrepairable_damage_and_keeps_going(tmp_path: Path) -> No
     assert snapshot(tmp_path) == before
     assert not report.start_up_would_succeed
     damaged = {(d.file, d.position, d.repairable) for d in report.damage}
-    assert (str(paths[0]), 0, False) in damaged
+    assert (str(paths[0]), HEADER, False) in damaged
     assert (str(tmp_path / "x.log"), None, False) in damaged
     # The newest segment's first batch is damaged and followed by valid ones.
-    assert (str(paths[-1]), 0, False) in damaged
+    assert (str(paths[-1]), HEADER, False) in damaged
     assert report.temp_files == [str(tmp_path / (paths[1].name + ".tmp"))]
     text = "\n".join(report.lines())
     assert str(paths[0]) in text and "NOT repairable" in text

@@ -9,6 +9,7 @@ import pytest
 
 from coordinator.log import LogWriteError, LogWriter, LogWriterBrokenError, read_all
 from coordinator.log.batch import LogEntry
+from coordinator.log.chain import HEADER_SIZE
 from coordinator.log.faults import Fault, FaultyFileLayer, SimulatedCrash
 from coordinator.log.segments import segment_file_name
 
@@ -142,7 +143,8 @@ def test_failed_fsync_while_rolling_removes_nothing_durable(tmp_path: Path) -> N
         writer.append(batch_records(2), T0 + 2)  # needs a roll, whose fsync fails
     assert writer.next_offset == 3
     assert [p.name for p in segment_paths(tmp_path)] == [segment_file_name(0)]
-    assert (tmp_path / segment_file_name(0)).read_bytes() == before[segment_file_name(0)][:223]
+    assert (tmp_path / segment_file_name(0)).read_bytes() == \
+        before[segment_file_name(0)][: HEADER_SIZE + 223]
 
     writer.append(batch_records(3), T0 + 3)
     writer.append(batch_records(4), T0 + 4)
@@ -152,7 +154,7 @@ def test_failed_fsync_while_rolling_removes_nothing_durable(tmp_path: Path) -> N
     assert len(segment_paths(tmp_path)) == 2
 
 
-def test_rollback_across_a_roll_removes_the_new_segment(tmp_path: Path) -> None:
+def test_rollback_after_a_roll_empties_the_new_segment(tmp_path: Path) -> None:
     layer = FaultyFileLayer()
     writer = LogWriter.open(tmp_path, file_layer=layer, segment_bytes=400)
     writer.append(batch_records(0), T0)
@@ -161,8 +163,10 @@ def test_rollback_across_a_roll_removes_the_new_segment(tmp_path: Path) -> None:
     layer.fail_next_fsync()
     with pytest.raises(LogWriteError):
         writer.sync()
-    # The roll fsynced batch 0, so that is durable; batch 1 and its segment are gone.
-    assert [p.name for p in segment_paths(tmp_path)] == [segment_file_name(0)]
+    # The roll fsynced batch 0 and closed its segment, so that is durable; batch 1 is
+    # gone and its segment is back to its header.
+    assert [p.name for p in segment_paths(tmp_path)] == [segment_file_name(n) for n in (0, 3)]
+    assert (tmp_path / segment_file_name(3)).stat().st_size == HEADER_SIZE
     assert writer.next_offset == 3
     writer.append(batch_records(2), T0 + 2)
     writer.close()
@@ -235,4 +239,5 @@ def test_stats_count_appends_fsyncs_and_bytes(tmp_path: Path) -> None:
     assert writer.stats.appends == 2
     assert writer.stats.records == 6
     assert writer.stats.fsyncs == 1
-    assert writer.stats.bytes_appended == (tmp_path / segment_file_name(0)).stat().st_size
+    assert writer.stats.bytes_appended == \
+        (tmp_path / segment_file_name(0)).stat().st_size - HEADER_SIZE
