@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.hostile import huge_find_coordinator, huge_join_group, huge_list_groups
 from coordinator.proxy import wire
 from coordinator.realkafka import Broker, Coordinator, free_port, start_coordinator, wait_for
 from protocol._codec import INT32, uvarint
@@ -38,26 +39,6 @@ def framed(payload: bytes) -> bytes:
 def compact(text: str) -> bytes:
     data = text.encode()
     return uvarint(len(data) + 1) + data
-
-
-HUGE = uvarint(2**32 - 1)  # a compact array of 2^32 - 2 elements
-
-
-def huge_find_coordinator() -> bytes:
-    """FindCoordinator v4 whose coordinator_keys declares 2^32 - 2 entries (25 bytes)."""
-    return framed(flexible_header(wire.FIND_COORDINATOR, 4) + b"\x00" + HUGE + b"\x00")
-
-
-def huge_list_groups() -> bytes:
-    """ListGroups v4 whose states_filter declares 2^32 - 2 entries."""
-    return framed(flexible_header(wire.LIST_GROUPS, 4) + HUGE + b"\x00")
-
-
-def huge_join_group(group: str = "owned-huge") -> bytes:
-    """JoinGroup v9 of an owned group whose protocols declares 2^32 - 2 entries."""
-    body = (compact(group) + INT32.pack(30_000) + INT32.pack(60_000) + compact("")
-            + b"\x00" + compact("consumer") + HUGE + b"\x00" + b"\x00")
-    return framed(flexible_header(wire.JOIN_GROUP, 9) + body)
 
 
 def find_coordinator_with_unknown_tag(key: str = "owned-tagged") -> bytes:
