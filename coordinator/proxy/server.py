@@ -12,6 +12,15 @@ local answer, or reads the next response from the upstream stream and passes it 
 (decoding only the few that carry addresses). Kafka answers in order on one connection,
 so the next upstream response always belongs to the oldest upstream slot.
 
+Nothing a client sends reaches further than its own connection, as on the plain listener:
+the requests read here are decoded by the coordinator's one guarded path (with the
+listener's limits; `wire.classify`), a body that does not parse is answered
+INVALID_REQUEST, anything else that goes wrong closes the connection with one line.
+Connections are capped (`server.max.connections`, over all the proxy's ports), a frame
+must be finished within the read timeout of its first byte, and a connection with
+nothing received and no answer awaited is closed after the idle timeout. Lines an outage
+repeats for every connection go through one `RateLimitedLog`.
+
 The forwarding path is where the proxy spends its time, and on loopback its cost is per
 request and per socket call rather than per byte: the forwarded requests of one read go
 upstream in one `sendmsg`, as views of the bytes the client sent (no copy); the answers
@@ -557,8 +566,9 @@ class ProxyServer:
                         response = await reader.read_exactly(size)
                 _, metadata = wire.decode_response(response, wire.METADATA, version)
             except (OSError, trio.TooSlowError, UpstreamClosed, MalformedResponse) as error:
-                log.warning("proxy_upstream_probe_failed", upstream=f"{host}:{port}",
-                            error=str(error) or type(error).__name__)
+                self.lines.warning("proxy_upstream_probe_failed", key=(host, port),
+                                   upstream=f"{host}:{port}",
+                                   error=str(error) or type(error).__name__)
                 continue
             for endpoint in wire.endpoints(wire.METADATA, version, metadata):
                 await self.learn_node(endpoint)
@@ -576,7 +586,7 @@ class ProxyServer:
                 if await self.learn_nodes():
                     return
             except (OSError, UpstreamClosed) as error:
-                log.warning("proxy_upstream_probe_failed", error=str(error))
+                self.lines.warning("proxy_upstream_probe_failed", error=str(error))
             await trio.sleep(pause_s)
             pause_s = min(pause_s * 2, PROBE_LONGEST_PAUSE_S)
 
@@ -898,8 +908,9 @@ class _Connection:
         # An owned group's API the coordinator does not serve (yet): say so.
         message = (f"API {wire.api_name(head.api_key)} v{head.api_version} is not served "
                    "for the groups this coordinator owns (proxy.groups)")
-        log.warning("proxy_owned_group_api_not_served", api=wire.api_name(head.api_key),
-                    version=head.api_version, peer=self.peer)
+        self.proxy.lines.warning("proxy_owned_group_api_not_served", key=head.api_key,
+                                 api=wire.api_name(head.api_key),
+                                 version=head.api_version, peer=self.peer)
         slot.finish(wire.error_answer(head.api_key, head.api_version, head.correlation_id,
                                       ErrorCode.UNSUPPORTED_VERSION, message), message)
 
