@@ -49,7 +49,7 @@ from coordinator.config import FIELD_KEYS
 from coordinator.logs import RateLimitedLog
 from coordinator.proxy import wire
 from coordinator.server.classic import Address, listed_groups
-from coordinator.server.kafka import DEADLINE_CHECK_S, ProblemLog
+from coordinator.server.kafka import DEADLINE_CHECK_S, OFFLOAD_DECODE_BYTES, ProblemLog
 from protocol._codec import INT32
 from protocol.errors import ErrorCode
 from protocol.framing import (
@@ -826,7 +826,13 @@ class _Connection:
         proxy = self.proxy
         frame = framed[4:]
         try:
-            routing = wire.classify(frame, proxy.owned, proxy.decode_limits)
+            if len(frame) > OFFLOAD_DECODE_BYTES and wire.reads_body(wire.peek(frame)):
+                # A large request read here is walked and decoded in the listener's
+                # thread, as the plain listener does, while the loop answers heartbeats.
+                routing = await proxy.local.off_loop(wire.classify, bytes(frame),
+                                                     proxy.owned, proxy.decode_limits)
+            else:
+                routing = wire.classify(frame, proxy.owned, proxy.decode_limits)
         except MalformedBody as error:  # the frame boundary holds: answer it
             answer = self._invalid_request(error)
             if answer is None:

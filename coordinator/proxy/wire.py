@@ -310,6 +310,14 @@ class GroupMatcher:
         return self._regex.fullmatch(group_id) is not None
 
 
+def reads_body(head: RequestHead) -> bool:
+    """Whether `classify` decodes this request's body (not only its header)."""
+    key = head.api_key
+    if key in (FIND_COORDINATOR, LIST_GROUPS) or key in GROUP_IDS:
+        return _has_schema(key, head.api_version)
+    return False
+
+
 def classify(frame: Frame, owned: Callable[[str], bool],
              limits: Mapping[int, Limits] | None = None) -> Routing:
     """What to do with one request frame. The requests read here are decoded with `limits`

@@ -303,6 +303,11 @@ class KafkaServer:
             self._decoders.shutdown(wait=False, cancel_futures=True)
         log.info("kafka_listener_closed")
 
+    async def off_loop(self, fn: Callable[..., T], *args: Any) -> T:
+        """`fn(*args)` in the listener's thread, taking turns with its other large requests
+        (the proxy's large requests too); the loop goes on meanwhile."""
+        return await self._off_loop(fn, *args)
+
     async def _off_loop(self, fn: Callable[..., T], *args: Any) -> T:
         """`fn(*args)` in one of the listener's threads; the loop goes on meanwhile."""
         token = trio.lowlevel.current_trio_token()

@@ -246,3 +246,28 @@ def test_an_upstream_outage_makes_a_bounded_number_of_log_lines(tmp_path: Path) 
         assert len(closed) < 20, len(closed)
     finally:
         proxy.coordinator.stop()
+
+
+def test_a_large_request_read_by_the_proxy_is_answered(proxy: Proxy) -> None:
+    """An owned group's JoinGroup of 200 KB (decoded in the listener's thread): read whole
+    and answered by the coordinator's classic engine (not refused as malformed)."""
+    from datetime import timedelta
+
+    from kio.schema.join_group.v9.request import JoinGroupRequest, JoinGroupRequestProtocol
+    from kio.static.primitive import i32Timedelta
+
+    ten_s = i32Timedelta.parse(timedelta(seconds=10))
+    join = JoinGroupRequest(group_id="owned-large", session_timeout=ten_s,
+                            rebalance_timeout=ten_s, member_id="",
+                            group_instance_id=None, protocol_type="consumer", reason=None,
+                            protocols=(JoinGroupRequestProtocol(name="range",
+                                                                metadata=b"m" * 200_000),))
+    frame = wire.encode_request(wire.JOIN_GROUP, 9, 21, join)
+    with RawConnection(proxy.kafka_port) as client:
+        client.send(frame)
+        answer = client.answer()
+    assert answer is not None
+    correlation, body = wire.decode_response(answer, wire.JOIN_GROUP, 9)
+    assert correlation == 21
+    assert body.error_code in (ErrorCode.MEMBER_ID_REQUIRED,
+                               ErrorCode.INCONSISTENT_GROUP_PROTOCOL), body.error_code
