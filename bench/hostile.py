@@ -36,6 +36,18 @@ only after the whole frame has been read:
 * `leave-over-limit-max-frame`: a LeaveGroup naming as many members as a frame of the
   maximum size holds (refused as its count is read).
 
+The proxy attacks run against a second coordinator, in proxy mode (`--proxy-upstream`: a
+broker's address, `start` to start a real KRaft broker from the interop jars, or, by
+default, an address where nothing listens: these attacks are refused before anything
+is forwarded), with its own healthy members heartbeating through the proxy listener:
+
+* `proxy-find-coordinator-huge`, `proxy-list-groups-huge`, `proxy-join-group-huge`:
+  FindCoordinator v4, ListGroups v4 and an owned group's JoinGroup v9 whose array
+  declares 2^32 - 2 elements in a frame of a few dozen bytes (the requests the proxy
+  reads itself);
+* `proxy-idle-beyond-cap`: IDLE_OVER_CAP times `server.max.connections` (PROXY_CAP here)
+  connections opened and held idle, each reopened when the proxy closes it.
+
 Target: p99 < 20 ms under every attack, no eviction.
 """
 
@@ -196,6 +208,83 @@ def attacks(config: ServerConfig) -> dict[str, bytes]:
     }
 
 
+_FLEXIBLE_CLIENT = b"attacker"
+HUGE_COUNT = uvarint(2**32 - 1)  # a compact array of 2^32 - 2 elements
+
+
+def _flexible_header(api_key: int, version: int, correlation_id: int = 7) -> bytes:
+    return (api_key.to_bytes(2, "big") + version.to_bytes(2, "big") + INT32.pack(correlation_id)
+            + len(_FLEXIBLE_CLIENT).to_bytes(2, "big") + _FLEXIBLE_CLIENT + b"\x00")
+
+
+def _compact(text: str) -> bytes:
+    return uvarint(len(text.encode()) + 1) + text.encode()
+
+
+def huge_find_coordinator() -> bytes:
+    """FindCoordinator v4 whose coordinator_keys declares 2^32 - 2 entries."""
+    return _framed(_flexible_header(10, 4) + b"\x00" + HUGE_COUNT + b"\x00")
+
+
+def huge_list_groups() -> bytes:
+    """ListGroups v4 whose states_filter declares 2^32 - 2 entries."""
+    return _framed(_flexible_header(16, 4) + HUGE_COUNT + b"\x00")
+
+
+def huge_join_group(group: str = "owned-huge") -> bytes:
+    """JoinGroup v9 of `group` whose protocols declares 2^32 - 2 entries."""
+    body = (_compact(group) + INT32.pack(30_000) + INT32.pack(60_000) + _compact("")
+            + b"\x00" + _compact("consumer") + HUGE_COUNT + b"\x00" + b"\x00")
+    return _framed(_flexible_header(11, 9) + body)
+
+
+PROXY_GROUPS = "owned-.*"
+PROXY_CAP = 100  # server.max.connections of the proxy target
+IDLE_OVER_CAP = 1.5  # the idle attack opens this many times the cap
+PROXY_IDLE_TIMEOUT_MS = 2_000  # the proxy target's server.connection.idle.timeout.ms
+IDLE_ATTACK = "proxy-idle-beyond-cap"
+
+
+def proxy_attacks() -> dict[str, bytes]:
+    """The proxy's attack name -> its frame (the idle attack sends none)."""
+    return {"proxy-find-coordinator-huge": huge_find_coordinator(),
+            "proxy-list-groups-huge": huge_list_groups(),
+            "proxy-join-group-huge": huge_join_group(),
+            IDLE_ATTACK: b""}
+
+
+def hold_idle(port: int, connections: int, seconds: float, result: Any) -> None:
+    """In an attacker process: keep `connections` connections open and silent for
+    `seconds`, reopening each one the server closes. Counts: opened (`sent`) and closed
+    by the server (`closed`)."""
+    import select
+
+    opened = closed = 0
+    deadline = time.monotonic() + seconds
+    held: list[socket.socket] = []
+    while time.monotonic() < deadline:
+        while len(held) < connections and time.monotonic() < deadline:
+            try:
+                held.append(socket.create_connection(("127.0.0.1", port), timeout=1))
+                opened += 1
+            except OSError:
+                closed += 1
+                break
+        readable, _, _ = select.select(held, [], [], 0.1)
+        for sock in readable:  # an idle connection is readable only once it is closed
+            try:
+                data = sock.recv(1)
+            except OSError:
+                data = b""
+            if not data:
+                closed += 1
+                held.remove(sock)
+                sock.close()
+    for sock in held:
+        sock.close()
+    result.put({"sent": opened, "answered": 0, "closed": closed})
+
+
 def attack(port: int, frame: bytes, seconds: float, result: Any) -> None:
     """In an attacker process: send `frame`, read its answer, again, for `seconds`."""
     sent = answered = closed = 0
@@ -228,8 +317,10 @@ class Healthy:
     """The healthy members: each heartbeats every `interval_s` on its own connection from
     `start` until `stop`; each latency is kept with when it was sent."""
 
-    def __init__(self, port: int, members: int, interval_s: float) -> None:
+    def __init__(self, port: int, members: int, interval_s: float,
+                 classic_group: str = "classic") -> None:
         self.port = port
+        self.classic_group = classic_group
         self.members = members
         self.interval_s = interval_s
         self.samples: list[tuple[float, float]] = []  # (sent at, latency), monotonic s
@@ -243,26 +334,26 @@ class Healthy:
             nursery.start_soon(self.classic_member)
 
     async def classic_member(self) -> None:
-        """Alone in group "classic": joins (listing CLASSIC_PROTOCOLS), syncs as its
+        """Alone in its group ("classic"; through the proxy, one the proxy owns): joins (listing CLASSIC_PROTOCOLS), syncs as its
         leader, then heartbeats; an error is counted and it joins again."""
         async with await KafkaClient.connect("127.0.0.1", self.port) as client:
             member_id, generation = "", -1
             while not self.stop.is_set():
                 if generation < 0:
                     joined = await client.request(wire.JOIN_GROUP, wire.build(
-                        wire.REQUEST_CLASSES[wire.JOIN_GROUP, 3], group_id="classic",
+                        wire.REQUEST_CLASSES[wire.JOIN_GROUP, 3], group_id=self.classic_group,
                         member_id=member_id, protocol_type="connect",
                         session_timeout=10_000, rebalance_timeout=10_000,
                         protocols=_join_protocols(CLASSIC_PROTOCOLS)), 3)
                     member_id, generation = joined.member_id, int(joined.generation_id)
                     await client.request(wire.SYNC_GROUP, wire.build(
-                        wire.REQUEST_CLASSES[wire.SYNC_GROUP, 3], group_id="classic",
+                        wire.REQUEST_CLASSES[wire.SYNC_GROUP, 3], group_id=self.classic_group,
                         member_id=member_id, generation_id=generation,
                         assignments=()), 3)
                     continue
                 started = time.perf_counter()
                 beat = await client.request(wire.HEARTBEAT, wire.build(
-                    wire.REQUEST_CLASSES[wire.HEARTBEAT, 3], group_id="classic",
+                    wire.REQUEST_CLASSES[wire.HEARTBEAT, 3], group_id=self.classic_group,
                     member_id=member_id, generation_id=generation), 3)
                 self.samples.append((started, time.perf_counter() - started))
                 code = int(beat.error_code)
@@ -311,22 +402,29 @@ def _summary(latencies: list[float]) -> dict[str, float]:
 
 
 async def window(port: int, args: argparse.Namespace, healthy: Healthy,
-                 frame: bytes | None) -> dict[str, Any]:
-    """`args.seconds` of healthy heartbeats while attacker processes send `frame`, and on
-    until the attackers' last requests are answered: a stall an attack causes is its
-    window's even when it outlasts the attack's time (a LeaveGroup of a million members
-    held the loop for half a minute once its sender had stopped)."""
+                 frame: bytes | None, idle_connections: int = 0) -> dict[str, Any]:
+    """`args.seconds` of healthy heartbeats while attacker processes send `frame` (or,
+    with `idle_connections`, hold that many connections idle between them), and on until
+    the attackers' last requests are answered: a stall an attack causes is its window's
+    even when it outlasts the attack's time (a LeaveGroup of a million members held the
+    loop for half a minute once its sender had stopped)."""
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
     processes = []
-    if frame is not None:
+    if idle_connections:
+        share = -(-idle_connections // args.attackers)
+        processes = [context.Process(target=hold_idle,
+                                     args=(port, share, args.seconds, results))
+                     for _ in range(args.attackers)]
+    elif frame is not None:
         processes = [context.Process(target=attack, args=(port, frame, args.seconds, results))
                      for _ in range(args.attackers)]
-        for process in processes:
-            process.start()
+    for process in processes:
+        process.start()
+    if processes:
         await trio.sleep(0.5)  # the attackers' start-up (spawned interpreters) is not timed
     start, monotonic_start = time.perf_counter(), time.monotonic()
-    await trio.sleep(args.seconds - (0.5 if frame is not None else 0))
+    await trio.sleep(args.seconds - (0.5 if processes else 0))
     sent = {"sent": 0, "answered": 0, "closed": 0}
     for process in processes:
         outcome = await trio.to_thread.run_sync(results.get, True, 120)
@@ -338,7 +436,7 @@ async def window(port: int, args: argparse.Namespace, healthy: Healthy,
     latencies, errors = healthy.between(start, time.perf_counter())
     monotonic_end = time.monotonic()
     return {**_summary(latencies), "errors": len(errors), "first_errors": errors[:3],
-            "attack": sent if frame is not None else None,
+            "attack": sent if processes else None,
             "window": (monotonic_start, monotonic_end)}
 
 
@@ -358,38 +456,80 @@ async def set_up(admin: str, config: ServerConfig) -> None:
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
-    from bench.heartbeats import _subprocess
-
     frames = attacks(DEFAULTS)
-    chosen = args.attack or list(frames)
+    proxied = proxy_attacks()
+    chosen = args.attack or [*frames, *proxied]
     rows: dict[str, Any] = {}
-    # (no initial delay: the classic member's first join is answered at once)
-    target_args = argparse.Namespace(in_memory=True,
-                                     set=["group.initial.rebalance.delay.ms=0"])
     with tempfile.TemporaryDirectory(prefix="bench-hostile-") as tmp:
-        steps_file = Path(tmp) / "loop-steps.json"
-        launcher = module_command("bench.loopsteps", str(steps_file)) if args.loop_steps else None
-        async with _subprocess(target_args, launcher) as target:
-            await _windows(target, args, frames, chosen, rows)
-        recorded = json.loads(steps_file.read_text()) if args.loop_steps else None
-    for row in rows.values():
-        window_bounds = row.pop("window")
-        if recorded is not None:
-            row.update(loopsteps.longest(recorded, *window_bounds))
+        plain = [name for name in chosen if name in frames]
+        if plain:
+            await _target_windows(args, [], Path(tmp), frames, plain, rows, "")
+        through_proxy = [name for name in chosen if name in proxied]
+        if through_proxy:
+            upstream, broker = _proxy_upstream(args.proxy_upstream, Path(tmp) / "broker")
+            try:
+                settings = [f"proxy.upstream={upstream}", f"proxy.groups={PROXY_GROUPS}",
+                            f"server.max.connections={PROXY_CAP}",
+                            f"server.connection.idle.timeout.ms={PROXY_IDLE_TIMEOUT_MS}"]
+                await _target_windows(args, settings, Path(tmp), proxied,
+                                      through_proxy, rows, "proxy-")
+            finally:
+                if broker is not None:
+                    broker.stop()
     return rows
 
 
+def _proxy_upstream(choice: str | None, folder: Path) -> tuple[str, Any]:
+    """The proxy target's upstream address, and the broker started for it (or None)."""
+    if choice == "start":
+        from coordinator.realkafka import start_broker
+
+        broker = start_broker(folder)
+        return broker.bootstrap, broker
+    if choice:
+        return choice, None
+    with socket.socket() as probe:  # a free port: nothing listens there
+        probe.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{probe.getsockname()[1]}", None
+
+
+async def _target_windows(args: argparse.Namespace, settings: list[str], folder: Path,
+                          frames: dict[str, bytes], chosen: list[str], rows: dict[str, Any],
+                          prefix: str) -> None:
+    """A coordinator with `settings`; its baseline and attack windows, into `rows`
+    (its loop steps recorded in `folder`)."""
+    from bench.heartbeats import _subprocess
+
+    steps_file = folder / f"{prefix or 'plain-'}loop-steps.json"
+    launcher = module_command("bench.loopsteps", str(steps_file)) if args.loop_steps else None
+    # (no initial delay: the classic member's first join is answered at once)
+    target_args = argparse.Namespace(in_memory=True,
+                                     set=["group.initial.rebalance.delay.ms=0", *settings])
+    own: dict[str, Any] = {}
+    async with _subprocess(target_args, launcher) as target:
+        await _windows(target, args, frames, chosen, own, prefix)
+    recorded = json.loads(steps_file.read_text()) if args.loop_steps else None
+    for name, row in own.items():
+        window_bounds = row.pop("window")
+        if recorded is not None:
+            row.update(loopsteps.longest(recorded, *window_bounds))
+        rows[name] = row
+
+
 async def _windows(target: Any, args: argparse.Namespace, frames: dict[str, bytes],
-                   chosen: list[str], rows: dict[str, Any]) -> None:
+                   chosen: list[str], rows: dict[str, Any], prefix: str = "") -> None:
     """The baseline window, then one window per attack in `chosen`, into `rows`."""
-    await set_up(target.admin, DEFAULTS)
-    healthy = Healthy(target.port, args.healthy, args.interval_ms / 1000)
+    if not prefix:
+        await set_up(target.admin, DEFAULTS)
+    healthy = Healthy(target.port, args.healthy, args.interval_ms / 1000,
+                      "owned-classic" if prefix else "classic")
     async with trio.open_nursery() as nursery:
         nursery.start_soon(healthy.run)
         await trio.sleep(args.warm_up)  # joined and STABLE before anything is timed
-        rows["baseline"] = await window(target.port, args, healthy, None)
+        rows[prefix + "baseline"] = await window(target.port, args, healthy, None)
         for name in chosen:
-            rows[name] = await window(target.port, args, healthy, frames[name])
+            idle = int(PROXY_CAP * IDLE_OVER_CAP) if name == IDLE_ATTACK else 0
+            rows[name] = await window(target.port, args, healthy, frames[name], idle)
             rows[name]["frame_bytes"] = len(frames[name])
         healthy.stop.set()
 
@@ -415,8 +555,13 @@ def main(argv: list[str] | None = None, *, printer: Callable[[str], None] = prin
                         help="each healthy member's pause between heartbeats")
     parser.add_argument("--attackers", type=int, default=2,
                         help="attacker processes (connections) per attack")
-    parser.add_argument("--attack", action="append", choices=sorted(attacks(DEFAULTS)),
+    parser.add_argument("--attack", action="append",
+                        choices=sorted([*attacks(DEFAULTS), *proxy_attacks()]),
                         help="run only this attack (repeatable; default: all)")
+    parser.add_argument("--proxy-upstream", metavar="HOST:PORT|start",
+                        help="the proxy target's upstream broker; `start`: a real KRaft "
+                             "broker from the interop jars; default: an address where "
+                             "nothing listens")
     parser.add_argument("--no-loop-steps", dest="loop_steps", action="store_false",
                         help="without timing the coordinator's event-loop steps "
                              "(bench/loopsteps.py)")

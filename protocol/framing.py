@@ -373,16 +373,33 @@ def decode_request(frame: bytes, limits: Mapping[int, Mapping[tuple[str, str], L
     body_type = REQUEST_CLASSES.get((api_key, api_version))
     if body_type is None:
         raise UnsupportedApi(api_key, api_version, correlation_id)
-    header_type = _request_header_type(api_key, api_version)
-    flexible = header_type is RequestHeaderV2
+    return decode_request_as(frame, body_type, _is_flexible(api_key, api_version),
+                             NO_LIMITS if limits is None else limits.get(api_key, NO_LIMITS))
+
+
+def decode_request_as(frame: bytes, body_type: type[Any], flexible: bool,
+                      limits: Mapping[tuple[str, str], Limit] = NO_LIMITS) -> DecodedRequest:
+    """Parse one request frame (without its size prefix) whose body is a `body_type`: the
+    one path every request the coordinator reads goes through, whichever listener read
+    it. The frame is walked first (lengths against the bytes there, unknown tagged fields
+    dropped, `limits` applied), then decoded. Raises MalformedRequest for a header that
+    does not parse, MalformedBody for a body that does not, RequestOverLimit for a field
+    over its limit. Nothing else."""
+    if len(frame) < _FIXED_HEADER_BYTES:
+        raise MalformedRequest(
+            f"request header truncated: {len(frame)} bytes, need at least {_FIXED_HEADER_BYTES}"
+        )
+    api_key: int = INT16.unpack_from(frame, 0)[0]
+    api_version: int = INT16.unpack_from(frame, 2)[0]
+    correlation_id: int = INT32.unpack_from(frame, 4)[0]
+    header_type: type[RequestHeaderV1] | type[RequestHeaderV2] = (
+        RequestHeaderV2 if flexible else RequestHeaderV1)
     try:
         body_offset, header_tagged = request_header_end(frame, flexible)
     except WalkError as error:
         raise MalformedRequest(f"bad request header: {error}") from None
     try:
-        frame, marks = check_request(frame, body_type, body_offset, header_tagged,
-                                     NO_LIMITS if limits is None
-                                     else limits.get(api_key, NO_LIMITS))
+        frame, marks = check_request(frame, body_type, body_offset, header_tagged, limits)
     except LimitExceeded as error:
         raise RequestOverLimit(f"{_what(body_type, api_version)}: {error}", api_key, api_version,
                                correlation_id) from None

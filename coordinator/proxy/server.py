@@ -12,6 +12,15 @@ local answer, or reads the next response from the upstream stream and passes it 
 (decoding only the few that carry addresses). Kafka answers in order on one connection,
 so the next upstream response always belongs to the oldest upstream slot.
 
+Nothing a client sends reaches further than its own connection, as on the plain listener:
+the requests read here are decoded by the coordinator's one guarded path (with the
+listener's limits; `wire.classify`), a body that does not parse is answered
+INVALID_REQUEST, anything else that goes wrong closes the connection with one line.
+Connections are capped (`server.max.connections`, over all the proxy's ports), a frame
+must be finished within the read timeout of its first byte, and a connection with
+nothing received and no answer awaited is closed after the idle timeout. Lines an outage
+repeats for every connection go through one `RateLimitedLog`.
+
 The forwarding path is where the proxy spends its time, and on loopback its cost is per
 request and per socket call rather than per byte: the forwarded requests of one read go
 upstream in one `sendmsg`, as views of the bytes the client sent (no copy); the answers
@@ -36,17 +45,22 @@ from typing import TYPE_CHECKING, Any
 import structlog
 import trio
 
+from coordinator.config import FIELD_KEYS
+from coordinator.logs import RateLimitedLog
 from coordinator.proxy import wire
 from coordinator.server.classic import Address, listed_groups
-from coordinator.server.kafka import ProblemLog
+from coordinator.server.kafka import DEADLINE_CHECK_S, OFFLOAD_DECODE_BYTES, ProblemLog
 from protocol._codec import INT32
 from protocol.errors import ErrorCode
 from protocol.framing import (
     REQUEST_CLASSES,
     SUPPORTED_APIS,
     FrameError,
+    MalformedBody,
     MalformedRequest,
     MalformedResponse,
+    RequestOverLimit,
+    error_response,
 )
 
 if TYPE_CHECKING:
@@ -418,6 +432,13 @@ class ProxyServer:
         self.metrics = metrics
         self.upstreams = [parse_upstream(address) for address in config.proxy_upstream]
         self.owned = wire.GroupMatcher(config.proxy_groups)
+        self.config = config
+        # The requests read here are held to the listener's limits (one decoding path).
+        self.decode_limits = local.decode_limits
+        # Lines an outage repeats for every connection: a few per interval, with a count.
+        self.lines = RateLimitedLog(log)
+        self.open_connections = 0
+        self._live: set[_Connection] = set()  # whose deadlines `_enforce_deadlines` checks
         self.connect_timeout_s = config.proxy_upstream_connect_timeout_ms / 1000
         self.max_frame_bytes = config.max_frame_bytes
         self.coordinator_node_id = config.proxy_coordinator_node_id
@@ -545,8 +566,9 @@ class ProxyServer:
                         response = await reader.read_exactly(size)
                 _, metadata = wire.decode_response(response, wire.METADATA, version)
             except (OSError, trio.TooSlowError, UpstreamClosed, MalformedResponse) as error:
-                log.warning("proxy_upstream_probe_failed", upstream=f"{host}:{port}",
-                            error=str(error) or type(error).__name__)
+                self.lines.warning("proxy_upstream_probe_failed", key=(host, port),
+                                   upstream=f"{host}:{port}",
+                                   error=str(error) or type(error).__name__)
                 continue
             for endpoint in wire.endpoints(wire.METADATA, version, metadata):
                 await self.learn_node(endpoint)
@@ -564,7 +586,7 @@ class ProxyServer:
                 if await self.learn_nodes():
                     return
             except (OSError, UpstreamClosed) as error:
-                log.warning("proxy_upstream_probe_failed", error=str(error))
+                self.lines.warning("proxy_upstream_probe_failed", error=str(error))
             await trio.sleep(pause_s)
             pause_s = min(pause_s * 2, PROBE_LONGEST_PAUSE_S)
 
@@ -582,6 +604,7 @@ class ProxyServer:
             with trio.CancelScope() as self._connections:
                 async with trio.open_nursery() as nursery:
                     self._connection_nursery = nursery
+                    nursery.start_soon(self._enforce_deadlines)
                     with trio.CancelScope() as self._accepting:
                         async with trio.open_nursery() as accept_nursery:
                             self._accept_nursery = accept_nursery
@@ -598,24 +621,49 @@ class ProxyServer:
         log.info("proxy_closed")
 
     async def _accept(self, listener: trio.SocketListener, node: int | None) -> None:
+        """Accept while there is room (`server.max.connections`, counted over every
+        listener of the proxy, as the plain listener counts its own)."""
         try:
             while True:
                 try:
                     stream = await listener.accept()
-                except OSError as error:
-                    log.warning("accept_failed", error=str(error))
+                except OSError as error:  # e.g. too many open files: back off, keep serving
+                    self.lines.warning("accept_failed", error=str(error))
                     await trio.sleep(0.1)
+                    continue
+                if self.open_connections >= self.config.max_connections:
+                    self.local.runtime.metrics.reject("connection_limit")
+                    self.lines.warning(
+                        "connection_refused", reason=f"{self.open_connections} connections "
+                        f"open, the limit ({FIELD_KEYS['max_connections']})")
+                    stream.socket.close()
                     continue
                 try:
                     connection = _Connection(self, stream, node)
                 except OSError as error:  # the client reset the connection already
-                    log.warning("accept_failed", error=str(error))
+                    self.lines.warning("accept_failed", error=str(error))
                     await stream.aclose()
                     continue
                 assert self._connection_nursery is not None
+                self.open_connections += 1
                 self._connection_nursery.start_soon(connection.run)
         finally:
             listener.socket.close()
+
+    async def _enforce_deadlines(self) -> None:
+        """Close the connections that have held a half-sent frame longer than the read
+        timeout, or have had nothing in flight for the idle timeout (as the plain
+        listener does; checked every tenth of the shorter timeout, within bounds)."""
+        config = self.config
+        read_s = config.connection_read_timeout_ms / 1000
+        idle_s = config.connection_idle_timeout_ms / 1000
+        low, high = DEADLINE_CHECK_S
+        interval_s = min(max(min(read_s, idle_s) / 10, low), high)
+        while True:
+            await trio.sleep(interval_s)
+            now = trio.current_time()
+            for connection in self._live:
+                connection.check_deadline(now, read_s, idle_s)
 
     async def drain(self, timeout_s: float) -> None:
         """Stop accepting, let local answers in flight finish, then close connections."""
@@ -641,24 +689,57 @@ class _Connection:
             self.peer = None
         # The problems of the requests answered locally, logged as a connection's are.
         self.problems = ProblemLog(peer=self.peer)
+        # Deadlines (`check_deadline`): when the connection last had something to do, how
+        # many answers it waits for, when the frame being read began, and why it was cut.
+        self.last_active = trio.current_time()
+        self.in_flight = 0
+        self.frames = wire.FrameCutter(proxy.max_frame_bytes)
+        self.frame_started = 0.0
+        self.scope = trio.CancelScope()
+        self.timed_out = ""
         self.client = _Socket(client, proxy.turns)
         # Each task's rounds of socket calls, yielding only every few that did not wait.
         self._reading = proxy.turns.loop()
         self._writing = proxy.turns.loop()
 
+    def check_deadline(self, now: float, read_s: float, idle_s: float) -> None:
+        """Cut the connection off if it is past its read or idle deadline."""
+        if self.timed_out:
+            return
+        if self.frames.buffered_bytes:
+            if now - self.frame_started >= read_s:
+                self.timed_out = "read_timeout"
+        elif self.in_flight == 0 and now - self.last_active >= idle_s:
+            self.timed_out = "idle_timeout"
+        if self.timed_out:
+            self.scope.cancel()
+
     async def run(self) -> None:
-        metrics = self.proxy.metrics
+        proxy = self.proxy
+        metrics = proxy.metrics
         metrics.connections.inc()
+        proxy._live.add(self)
         send, receive = trio.open_memory_channel[_Slot](MAX_IN_FLIGHT)
         try:
-            async with self.client.stream, trio.open_nursery() as nursery:
-                nursery.start_soon(self._read_requests, send, nursery)
-                await self._write_responses(receive)
-                nursery.cancel_scope.cancel()
-        except Exception:  # a bug here closes this connection, never the server
-            log.exception("proxy_connection_failed", peer=self.peer)
+            with self.scope:
+                async with self.client.stream, trio.open_nursery() as nursery:
+                    nursery.start_soon(self._read_requests, send, nursery)
+                    await self._write_responses(receive)
+                    nursery.cancel_scope.cancel()
+        except Exception as error:  # a bug here closes this connection, never the server
+            proxy.lines.error("proxy_connection_failed", traceback=True, peer=self.peer,
+                              error=f"{type(error).__name__}: {error}")
         finally:
+            proxy._live.discard(self)
+            proxy.open_connections -= 1
             metrics.connections.dec()
+            if self.timed_out:
+                proxy.local.runtime.metrics.reject(self.timed_out)
+                key = ("connection_read_timeout_ms" if self.timed_out == "read_timeout"
+                       else "connection_idle_timeout_ms")
+                proxy.lines.warning("connection_timed_out", key=self.timed_out,
+                                    reason=self.timed_out, peer=self.peer,
+                                    buffered=self.frames.buffered_bytes, limit=FIELD_KEYS[key])
             if self.responses is not None:
                 self.responses.close()
             if self.upstream is not None:
@@ -669,10 +750,9 @@ class _Connection:
 
     async def _read_requests(self, slots: trio.MemorySendChannel[_Slot],
                              nursery: trio.Nursery) -> None:
-        frames = wire.FrameCutter(self.proxy.max_frame_bytes)
         with contextlib.suppress(trio.BrokenResourceError):  # the writer stopped: closing
             async with slots:
-                await self._requests(frames, slots, nursery)
+                await self._requests(self.frames, slots, nursery)
 
     async def _requests(self, frames: wire.FrameCutter, slots: trio.MemorySendChannel[_Slot],
                         nursery: trio.Nursery) -> None:
@@ -688,7 +768,13 @@ class _Connection:
                 return
             # The forwarded requests of one read go upstream in one send.
             going_on = True
-            for frame in frames.cut(data):
+            now = trio.current_time()
+            self.last_active = now
+            was_reading = frames.buffered_bytes > 0
+            cut = frames.cut(data)
+            if frames.buffered_bytes and (cut or not was_reading):
+                self.frame_started = now  # the first byte of the frame now being read
+            for frame in cut:
                 going_on = await self._request(frame, slots, nursery)
                 if not going_on or self._outgoing_bytes >= FLUSH_BYTES:
                     going_on = await self._flush(slots) and going_on
@@ -712,7 +798,8 @@ class _Connection:
             await self.upstream.send_buffers(buffers)
         except (trio.BrokenResourceError, trio.ClosedResourceError) as error:
             self.proxy.metrics.upstream_failure("closed")
-            log.warning("proxy_upstream_send_failed", error=str(error), peer=self.peer)
+            self.proxy.lines.warning("proxy_upstream_send_failed", error=str(error),
+                                     peer=self.peer)
             await self.upstream.aclose()  # the writer's reads fail at once too
             await self._close_after(slots, "the upstream connection broke")
             return False
@@ -722,6 +809,7 @@ class _Connection:
         """Queue an expected answer, in request order, without a pass through the scheduler
         while there is room. With the queue full, the requests not yet sent upstream go
         first: the writer may be waiting for their answers to make room."""
+        self.in_flight += 1
         try:
             slots.send_nowait(slot)
         except trio.WouldBlock:
@@ -738,11 +826,40 @@ class _Connection:
         proxy = self.proxy
         frame = framed[4:]
         try:
-            routing = wire.classify(frame, proxy.owned)
+            if len(frame) > OFFLOAD_DECODE_BYTES and wire.reads_body(wire.peek(frame)):
+                # A large request read here is walked and decoded in the listener's
+                # thread, as the plain listener does, while the loop answers heartbeats.
+                routing = await proxy.local.off_loop(wire.classify, bytes(frame),
+                                                     proxy.owned, proxy.decode_limits)
+            else:
+                routing = wire.classify(frame, proxy.owned, proxy.decode_limits)
+        except MalformedBody as error:  # the frame boundary holds: answer it
+            answer = self._invalid_request(error)
+            if answer is None:
+                await self._close_after(slots, f"malformed request: {error}")
+                return False
+            await self._queue(slots, _Slot.answered(None, answer))
+            return True
         except MalformedRequest as error:
             await self._close_after(slots, f"malformed request: {error}")
             return False
+        except Exception as error:  # never further than this connection
+            await self._close_after(slots, f"request not understood: "
+                                           f"{type(error).__name__}: {error}")
+            return False
         head = routing.head
+        if routing.action is wire.Action.REFUSE:
+            answer, reason = wire.refusal(head)
+            if head.api_key in wire.SASL_APIS:
+                proxy.lines.warning("sasl_not_supported", peer=self.peer, hint=reason)
+            else:
+                proxy.lines.warning("proxy_api_refused", api=wire.api_name(head.api_key),
+                                    peer=self.peer, reason=reason)
+            if answer is None:
+                await self._close_after(slots, reason)
+                return False
+            await self._queue(slots, _Slot.answered(routing, answer))
+            return True
         if routing.action is wire.Action.FIND_COORDINATOR:
             proxy.metrics.owned(head.api_key)
             await self._queue(slots, _Slot.answered(routing, wire.find_coordinator_answer(
@@ -753,26 +870,53 @@ class _Connection:
             proxy.metrics.owned(head.api_key)
             slot = _Slot.pending(routing)
             await self._queue(slots, slot)
-            nursery.start_soon(self._answer_locally, bytes(frame), routing, slot)
+            nursery.start_soon(self._answer_locally,
+                               bytes(frame) if routing.request is None else None, routing, slot)
             return True
         return await self._forward(framed, routing, slots)
 
-    async def _answer_locally(self, frame: bytes, routing: wire.Routing, slot: _Slot) -> None:
+    def _invalid_request(self, error: MalformedBody) -> bytes | None:
+        """INVALID_REQUEST for a request read here that does not parse or is over a limit,
+        as the plain listener answers it; None where no answer can carry the error."""
+        metrics = self.proxy.local.runtime.metrics
+        metrics.reject("over_limit" if isinstance(error, RequestOverLimit) else "invalid")
+        self.problems.warning("bad_request", api=wire.api_name(error.api_key),
+                              error=str(error))
+        key, version = error.api_key, error.api_version
+        if key == wire.FIND_COORDINATOR and version >= 4:
+            return None  # its answer has an error per key, and the keys were not read
+        if (key, version) in REQUEST_CLASSES:
+            return error_response(key, version, error.correlation_id,
+                                  ErrorCode.INVALID_REQUEST, str(error))
+        return wire.error_answer(key, version, error.correlation_id,
+                                 ErrorCode.INVALID_REQUEST, str(error))
+
+    async def _answer_locally(self, frame: bytes | None, routing: wire.Routing,
+                              slot: _Slot) -> None:
         head = routing.head
-        if (head.api_key, head.api_version) in REQUEST_CLASSES:
-            coordinator = self.proxy.coordinator
+        coordinator = self.proxy.coordinator
+        address = Address(coordinator.host, coordinator.port)
+        local = self.proxy.local
+        request = routing.request
+        if request is None or (head.api_key, head.api_version) in REQUEST_CLASSES:
             # Shielded: a state change in the core is not abandoned halfway because its
             # client went away.
             with trio.CancelScope(shield=True):
-                answer = await self.proxy.local.answer_frame(
-                    frame, self.problems, self.peer, Address(coordinator.host, coordinator.port))
+                if request is None:  # the coordinator's own APIs: read by the listener
+                    assert frame is not None
+                    answer = await local.answer_frame(frame, self.problems, self.peer,
+                                                      address)
+                else:  # read once already, to route it
+                    answer = await local.answer_decoded(request, self.problems, self.peer,
+                                                        address)
             slot.finish(answer, "malformed request")
             return
         # An owned group's API the coordinator does not serve (yet): say so.
         message = (f"API {wire.api_name(head.api_key)} v{head.api_version} is not served "
                    "for the groups this coordinator owns (proxy.groups)")
-        log.warning("proxy_owned_group_api_not_served", api=wire.api_name(head.api_key),
-                    version=head.api_version, peer=self.peer)
+        self.proxy.lines.warning("proxy_owned_group_api_not_served", key=head.api_key,
+                                 api=wire.api_name(head.api_key),
+                                 version=head.api_version, peer=self.peer)
         slot.finish(wire.error_answer(head.api_key, head.api_version, head.correlation_id,
                                       ErrorCode.UNSUPPORTED_VERSION, message), message)
 
@@ -822,8 +966,8 @@ class _Connection:
             self.responses = _ByteReader(self.upstream, self._writing)
             return True
         proxy.metrics.upstream_failure("connect")
-        log.warning("proxy_upstream_unreachable", node_id=self.node, peer=self.peer,
-                    errors=errors or ["no known address for this node"])
+        proxy.lines.warning("proxy_upstream_unreachable", key=self.node, node_id=self.node,
+                            peer=self.peer, errors=errors or ["no known address for this node"])
         return False
 
     # -- proxy -> client -----------------------------------------------------------------
@@ -851,10 +995,12 @@ class _Connection:
                             await slot.done.wait()
                         if slot.answer is None:
                             await self._send(ready)
-                            log.info("proxy_connection_closed", reason=slot.reason,
-                                     peer=self.peer)
+                            self.proxy.lines.info("proxy_connection_closed",
+                                                  reason=slot.reason, peer=self.peer)
                             return
                         ready += slot.answer
+                    self.in_flight -= 1
+                    self.last_active = trio.current_time()
                     if len(ready) >= FLUSH_BYTES:
                         await self._send(ready)
             except trio.EndOfChannel:  # the reader is done
@@ -863,9 +1009,11 @@ class _Connection:
                 return
             except UpstreamClosed as error:
                 self.proxy.metrics.upstream_failure("closed")
-                log.warning("proxy_upstream_closed", error=str(error), peer=self.peer)
+                self.proxy.lines.warning("proxy_upstream_closed", error=str(error),
+                                         peer=self.peer)
             except (MalformedResponse, FrameError) as error:
-                log.error("proxy_bad_upstream_response", error=str(error), peer=self.peer)
+                self.proxy.lines.error("proxy_bad_upstream_response", error=str(error),
+                                       peer=self.peer)
             # The answers gathered before the end (or the upstream's failure) still go out.
             with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
                 await self._send(ready)
@@ -916,7 +1064,8 @@ class _Connection:
         elif key == wire.LIST_GROUPS:
             local = [wire.LocalGroup(*listed)
                      for listed in listed_groups(proxy.local.runtime.core)]
-            body = wire.merge_listed_groups(body, routing.request, local, proxy.owned)
+            assert routing.request is not None
+            body = wire.merge_listed_groups(body, routing.request.body, local, proxy.owned)
         else:
             for endpoint in wire.endpoints(key, version, body):
                 await proxy.learn_node(endpoint)

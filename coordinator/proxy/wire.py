@@ -34,13 +34,19 @@ from kio.static.primitive import i16, i32
 from protocol import classic as classic_apis
 from protocol._codec import INT16, INT32, EntityDecodeError, read_entity, write_entity
 from protocol.framing import (
+    DecodedRequest,
     FrameError,
     FrameTooLarge,
     MalformedFrame,
     MalformedRequest,
     MalformedResponse,
+    decode_request_as,
     zero_entity,
 )
+from protocol.guard import NO_LIMITS, Limits
+from protocol.sasl import REFUSAL as SASL_REFUSAL
+from protocol.sasl import SASL_APIS as SASL_APIS
+from protocol.sasl import sasl_refusal
 
 PRODUCE = 0
 FETCH = 1
@@ -74,7 +80,8 @@ GROUP_KEY_TYPE = 0  # FindCoordinator's key type of a consumer/connect group
 # brokers' own; the proxy's ApiVersions answer caps them so that clients never ask for them.
 VERSION_CAPS = {PRODUCE: 9, FETCH: 15, DESCRIBE_CLUSTER: 1}
 # Responses that carry broker addresses this proxy does not rewrite (controller endpoints,
-# share-group leader endpoints): left out of ApiVersions altogether.
+# share-group leader endpoints): left out of ApiVersions altogether, and a client that
+# asks all the same is answered UNSUPPORTED_VERSION (`refusal`), never relayed.
 LEFT_OUT = frozenset({DESCRIBE_QUORUM, SHARE_FETCH, SHARE_ACKNOWLEDGE})
 # Responses decoded and rewritten on the way back.
 # (ListGroups: the upstream's list, with the owned groups' entries replaced by this
@@ -196,20 +203,19 @@ def peek(frame: Frame) -> RequestHead:
                        INT32.unpack_from(frame, 4)[0])
 
 
-def decode_request(frame: Frame, head: RequestHead) -> Any:
-    """The request body as a kio entity (only for the small requests the proxy must read)."""
+def decode_request(frame: Frame, head: RequestHead,
+                   limits: Mapping[int, Limits] | None = None) -> DecodedRequest:
+    """The request, decoded by the coordinator's one guarded path (protocol/framing.py):
+    walked against its bytes and held to `limits` (API key -> the limits of its requests,
+    those the listener applies) before anything is allocated, unknown tagged fields
+    skipped. Raises MalformedRequest, or its MalformedBody / RequestOverLimit where the
+    frame boundary holds and the request can be answered."""
     if not _has_schema(head.api_key, head.api_version):
         raise MalformedRequest(f"API {head.api_key} v{head.api_version} is beyond what the "
                                "proxy offered in ApiVersions")
-    flexible = is_flexible(head.api_key, head.api_version)
-    header_type = RequestHeaderV2 if flexible else RequestHeaderV1
-    frame = bytes(frame)  # (only the small requests the proxy must read come here)
-    try:
-        _, offset = read_entity(header_type, frame, 0)
-        body, _ = read_entity(_request_type(head.api_key, head.api_version), frame, offset)
-    except EntityDecodeError as error:
-        raise MalformedRequest(str(error)) from error
-    return body
+    limit = NO_LIMITS if limits is None else limits.get(head.api_key, NO_LIMITS)
+    return decode_request_as(bytes(frame), _request_type(head.api_key, head.api_version),
+                             is_flexible(head.api_key, head.api_version), limit)
 
 
 def _read_uvarint(frame: Frame, offset: int) -> tuple[int, int]:
@@ -277,6 +283,7 @@ class Action(enum.Enum):
     LOCAL = "local"  # the coordinator's own handlers answer
     FIND_COORDINATOR = "find_coordinator"  # every key is an owned group: answered here
     FORWARD = "forward"  # relayed to the upstream broker
+    REFUSE = "refuse"  # answered here with an error (`refusal`), never relayed
 
 
 @dataclass(frozen=True, slots=True)
@@ -287,7 +294,9 @@ class Routing:
     expects_response: bool = True  # False for Produce with acks=0
     owned_keys: frozenset[str] = frozenset()  # FindCoordinator keys answered as ours
     coordinator_keys: tuple[str, ...] = ()  # a FindCoordinator's keys, in request order
-    request: Any = None  # the decoded request, where the rewrite needs it (ListGroups)
+    # The decoded request, where the rewrite needs it (ListGroups) or an owned group's is
+    # answered locally: decoded once, here.
+    request: DecodedRequest | None = None
 
 
 class GroupMatcher:
@@ -301,19 +310,32 @@ class GroupMatcher:
         return self._regex.fullmatch(group_id) is not None
 
 
-def classify(frame: Frame, owned: Callable[[str], bool]) -> Routing:
-    """What to do with one request frame. Raises MalformedRequest for a frame too short to
-    have a header, or a group request that does not parse."""
+def reads_body(head: RequestHead) -> bool:
+    """Whether `classify` decodes this request's body (not only its header)."""
+    key = head.api_key
+    if key in (FIND_COORDINATOR, LIST_GROUPS) or key in GROUP_IDS:
+        return _has_schema(key, head.api_version)
+    return False
+
+
+def classify(frame: Frame, owned: Callable[[str], bool],
+             limits: Mapping[int, Limits] | None = None) -> Routing:
+    """What to do with one request frame. The requests read here are decoded with `limits`
+    (`decode_request`). Raises MalformedRequest for a frame too short to have a header, or
+    a request read here that does not parse (MalformedBody / RequestOverLimit where it can
+    be answered)."""
     head = peek(frame)
     key = head.api_key
     if key in CONNECT_GROUP_APIS:
         return Routing(head, Action.LOCAL)
+    if key in LEFT_OUT or key in SASL_APIS:
+        return Routing(head, Action.REFUSE)
     if key == API_VERSIONS and not _has_schema(key, head.api_version):
         # Newer than the proxy can read: the local answer is UNSUPPORTED_VERSION in v0,
         # and the client retries with a version from its list.
         return Routing(head, Action.LOCAL)
     if key == FIND_COORDINATOR and known_versions(key) is not None:
-        body = decode_request(frame, head)
+        body: Any = decode_request(frame, head, limits).body
         keys = tuple(body.coordinator_keys) if head.api_version >= 4 else (body.key,)
         key_type = int(getattr(body, "key_type", GROUP_KEY_TYPE))
         ours = frozenset(k for k in keys if key_type == GROUP_KEY_TYPE and owned(k))
@@ -323,16 +345,33 @@ def classify(frame: Frame, owned: Callable[[str], bool]) -> Routing:
         return Routing(head, Action.FORWARD, rewrite=True, owned_keys=ours,
                        coordinator_keys=keys)
     if key == LIST_GROUPS and _has_schema(key, head.api_version):
-        return Routing(head, Action.FORWARD, rewrite=True, request=decode_request(frame, head))
+        return Routing(head, Action.FORWARD, rewrite=True,
+                       request=decode_request(frame, head, limits))
     group_ids = GROUP_IDS.get(key)
     if group_ids is not None and _has_schema(key, head.api_version):
-        if any(owned(group) for group in group_ids(decode_request(frame, head))):
-            return Routing(head, Action.LOCAL)
+        request = decode_request(frame, head, limits)
+        if any(owned(group) for group in group_ids(request.body)):
+            return Routing(head, Action.LOCAL, request=request)
     if key in REWRITTEN:
         return Routing(head, Action.FORWARD, rewrite=True)
     if key == PRODUCE:
         return Routing(head, Action.FORWARD, expects_response=produce_acks(frame, head) != 0)
     return Routing(head, Action.FORWARD)
+
+
+def refusal(head: RequestHead) -> tuple[bytes | None, str]:
+    """The answer to a request the proxy refuses (Action.REFUSE), and why; None for an
+    answer that cannot be built (the connection is then closed).
+
+    An API left out of ApiVersions is answered UNSUPPORTED_VERSION, as a broker answers an
+    API it does not have: a Kafka client reads it as "not supported by the broker" and
+    stops, where a closed connection would only make it retry. SASL: protocol/sasl.py."""
+    if head.api_key in SASL_APIS:
+        return sasl_refusal(head.api_key, head.api_version, head.correlation_id), SASL_REFUSAL
+    message = (f"{api_name(head.api_key)} is not relayed by this proxy: its answer names "
+               "addresses the proxy does not rewrite")
+    return error_answer(head.api_key, head.api_version, head.correlation_id,
+                        KioErrorCode.unsupported_version, message), message
 
 
 def _has_schema(api_key: int, api_version: int) -> bool:

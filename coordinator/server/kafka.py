@@ -53,6 +53,7 @@ from coordinator.core.validation import (
     check_install,
     install_unit_count,
 )
+from coordinator.logs import RateLimitedLog
 from coordinator.metrics import api_name
 from coordinator.server import classic
 from coordinator.server.classic import Address
@@ -94,6 +95,8 @@ from protocol.framing import (
     error_response,
     peek_caller,
 )
+from protocol.sasl import REFUSAL as SASL_REFUSAL
+from protocol.sasl import SASL_APIS, sasl_refusal
 
 T = TypeVar("T")
 log = structlog.get_logger("connect_coordinator.kafka")
@@ -301,6 +304,8 @@ class KafkaServer:
         self.in_flight = 0
         self.open_connections = 0
         self._refusals = ProblemLog()
+        # Lines every connection may repeat (an fd limit reached, SASL clients).
+        self._lines = RateLimitedLog(log)
         # Made only when someone waits for the requests in flight to finish (a drain):
         # an event a request would cost every request.
         self._idle: trio.Event | None = None
@@ -337,6 +342,11 @@ class KafkaServer:
             self._close(listeners)
             self._decoders.shutdown(wait=False, cancel_futures=True)
         log.info("kafka_listener_closed")
+
+    async def off_loop(self, fn: Callable[..., T], *args: Any) -> T:
+        """`fn(*args)` in the listener's thread, taking turns with its other large requests
+        (the proxy's large requests too); the loop goes on meanwhile."""
+        return await self._off_loop(fn, *args)
 
     async def _off_loop(self, fn: Callable[..., T], *args: Any) -> T:
         """`fn(*args)` in one of the listener's threads; the loop goes on meanwhile."""
@@ -379,7 +389,7 @@ class KafkaServer:
             try:
                 stream = await listener.accept()
             except OSError as error:  # e.g. too many open files: back off, keep serving
-                log.warning("accept_failed", error=str(error))
+                self._lines.warning("accept_failed", error=str(error))
                 await trio.sleep(0.1)
                 continue
             if self.open_connections >= self.config.max_connections:
@@ -530,6 +540,8 @@ class KafkaServer:
                       repeated: RepeatedFrame | None = None) -> bytes | None:
         """The framed response, or None when the connection must close."""
         started = time.perf_counter()
+        if len(frame) >= 8 and INT16.unpack_from(frame, 0)[0] in SASL_APIS:
+            return self._refuse_sasl(frame, started)
         offloaded = len(frame) > OFFLOAD_DECODE_BYTES
         if offloaded and self.runtime.ready:
             refused = self._refuse_install_early(frame, started)
@@ -562,6 +574,21 @@ class KafkaServer:
         except MalformedRequest as error:
             problems.warning("malformed_request_closing_connection", error=str(error))
             return None
+        return await self._respond(request, checked, problems, peer, address, started,
+                                   offloaded)
+
+    async def answer_decoded(self, request: DecodedRequest, problems: ProblemLog, peer: Any,
+                             address: Address) -> bytes:
+        """The framed response to a request decoded already, by the same guarded path
+        (`decode_request_as`): the proxy's requests of owned groups, read once to route
+        them."""
+        return await self._respond(request, None, problems, peer, address,
+                                   time.perf_counter(), False)
+
+    async def _respond(self, request: DecodedRequest,
+                       checked: CheckedInstall | CheckedHeartbeat | None, problems: ProblemLog,
+                       peer: Any, address: Address | None, started: float,
+                       offloaded: bool) -> bytes:
         self.in_flight += 1
         try:
             if request.api_key in CLASSIC_APIS:
@@ -607,6 +634,16 @@ class KafkaServer:
                 and install_unit_count(request.body) >= self.runtime.install_offload_units):
             checked = check_install(request.body)
         return request, checked
+
+    def _refuse_sasl(self, frame: bytes, started: float) -> bytes | None:
+        """A SASL client is told at once that it cannot authenticate here (None: a
+        version not known, the connection is closed)."""
+        api_key, api_version = INT16.unpack_from(frame, 0)[0], INT16.unpack_from(frame, 2)[0]
+        self._lines.warning("sasl_not_supported", hint=SASL_REFUSAL)
+        answer = sasl_refusal(api_key, api_version, INT32.unpack_from(frame, 4)[0])
+        if answer is not None:
+            self._count(api_key, ErrorCode.UNSUPPORTED_SASL_MECHANISM, started)
+        return answer
 
     def _refuse_install_early(self, frame: bytes, started: float) -> bytes | None:
         """The answer to a large Install from a caller that may not install (not the

@@ -69,6 +69,7 @@ from coordinator.core.validation import (
     check_install,
     install_unit_count,
 )
+from coordinator.logs import RateLimitedLog
 from coordinator.metrics import Metrics
 from coordinator.server.classic import Waiters
 from coordinator.server.priority import lower_this_thread
@@ -429,6 +430,7 @@ class Runtime:
             else Metrics(lambda: self.core, per_group_max=config.metrics_per_group_max)
         )
         self.timers = TimerScheduler()
+        self._write_failures = RateLimitedLog(log)
         self.ready = False
         self._ready_event = trio.Event()
         self._nursery: trio.Nursery | None = None
@@ -550,7 +552,11 @@ class Runtime:
             with trio.CancelScope(shield=True):
                 await self.sink.write(result.records)
         except Exception as error:
-            log.error("record_write_failed", records=len(result.records), exc_info=True)
+            # A log that refuses writes refuses every one: a few lines (a traceback the
+            # first) per interval, with a count of the rest.
+            self._write_failures.error("record_write_failed", traceback=True,
+                                       records=len(result.records),
+                                       error=f"{type(error).__name__}: {error}")
             self.roll_back_from(result)
             raise NotDurable(
                 f"the change could not be written to the log ({type(error).__name__}: {error})"

@@ -194,7 +194,7 @@ def test_list_groups_is_the_upstreams_list_with_the_owned_groups_ours() -> None:
     request = ListV5(states_filter=(), types_filter=())
     routing = wire.classify(frame_of(wire.LIST_GROUPS, 5, request), OWNED)
     assert routing.action is Action.FORWARD and routing.rewrite
-    assert routing.request == request
+    assert routing.request is not None and routing.request.body == request
     upstream = ListedGroupsV5(throttle_time=NO_THROTTLE, error_code=KioErrorCode.none,
                               groups=(
         ListedV5(group_id="sink-consumers", protocol_type="consumer", group_state="Stable",
@@ -276,3 +276,46 @@ def test_produce_and_fetch_frames_classify_as_views() -> None:
     [find] = wire.FrameCutter(1024).cut(wire.encode_request(
         wire.FIND_COORDINATOR, 6, 42, FindV6(key_type=i8(0), coordinator_keys=("connect-a",))))
     assert wire.classify(find[4:], OWNED).action is Action.FIND_COORDINATOR
+
+
+def test_the_requests_read_here_are_walked_first_and_held_to_the_listeners_limits() -> None:
+    from coordinator.config import ServerConfig
+    from coordinator.server.limits import decode_limits
+    from protocol.framing import MalformedBody, RequestOverLimit
+    from tests.interop.test_proxy_hostile import (
+        find_coordinator_with_unknown_tag,
+        huge_find_coordinator,
+        huge_join_group,
+        huge_list_groups,
+    )
+
+    limits = decode_limits(ServerConfig(max_id_bytes=16))
+    for hostile in (huge_find_coordinator, huge_list_groups, huge_join_group):
+        with pytest.raises(MalformedBody, match="declared"):
+            wire.classify(hostile()[4:], OWNED, limits)
+    # An unknown tagged field is skipped.
+    routing = wire.classify(find_coordinator_with_unknown_tag("connect-a")[4:], OWNED, limits)
+    assert routing.action is Action.FIND_COORDINATOR
+    assert routing.coordinator_keys == ("connect-a",)
+    # An owned group's request is decoded once, here, and handed on decoded.
+    routing = wire.classify(frame_of(wire.JOIN_GROUP, 9, _join("connect-a")), OWNED, limits)
+    assert routing.action is Action.LOCAL and routing.request is not None
+    assert routing.request.body.group_id == "connect-a"
+    # The limits the listener applies apply here too.
+    with pytest.raises(RequestOverLimit, match="group.connect.max.id.bytes"):
+        wire.classify(frame_of(wire.JOIN_GROUP, 9, _join("connect-" + "a" * 20)), OWNED,
+                      limits)
+
+
+@pytest.mark.parametrize(("api_key", "version"), [(wire.DESCRIBE_QUORUM, 0),
+                                                  (wire.DESCRIBE_QUORUM, 2), (17, 0), (17, 1)])
+def test_describe_quorum_and_sasl_are_refused_here(api_key: int, version: int) -> None:
+    head = wire.RequestHead(api_key, version, 12)
+    frame = struct.pack(">hhih", api_key, version, 12, -1) + b"\x00" * 8
+    assert wire.classify(frame, OWNED).action is Action.REFUSE
+    answer, reason = wire.refusal(head)
+    assert answer is not None and reason
+    correlation, body = wire.decode_response(answer[4:], api_key, version)
+    assert correlation == 12
+    assert body.error_code in (KioErrorCode.unsupported_version,
+                               KioErrorCode.unsupported_sasl_mechanism)

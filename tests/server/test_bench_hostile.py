@@ -67,3 +67,19 @@ def test_the_longest_loop_step_is_kept_per_bucket_and_told_per_window() -> None:
     assert everything["loop_step_gc_ms"] >= 0
     nothing = longest(recorded, 0, 1)  # a window long before the run
     assert nothing["loop_step_cpu_ms"] == 0 and nothing["loop_step_cpu_task"] == ""
+
+
+def test_a_short_run_of_the_proxy_attacks() -> None:
+    lines: list[str] = []
+    bench_hostile.main(["--seconds", "1.5", "--warm-up", "1", "--healthy", "2",
+                        "--attackers", "1", "--attack", "proxy-join-group-huge",
+                        "--attack", "proxy-idle-beyond-cap", "--no-loop-steps", "--json"],
+                       printer=lines.append)
+    rows = json.loads(lines[-1])
+    assert set(rows) == {"proxy-baseline", "proxy-join-group-huge", "proxy-idle-beyond-cap"}
+    assert all(row["errors"] == 0 and row["count"] > 0 for row in rows.values())
+    huge = rows["proxy-join-group-huge"]["attack"]
+    assert huge["sent"] > 0 and huge["answered"] > 0  # refused with an answer, not a death
+    idle = rows["proxy-idle-beyond-cap"]["attack"]
+    # more connections than the cap were opened, and the proxy closed those beyond it
+    assert idle["sent"] > bench_hostile.PROXY_CAP and idle["closed"] > 0
