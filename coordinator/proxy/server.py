@@ -47,6 +47,7 @@ from protocol.framing import (
     FrameError,
     MalformedRequest,
     MalformedResponse,
+    error_response,
 )
 
 if TYPE_CHECKING:
@@ -435,6 +436,11 @@ class ProxyServer:
         # API keys the local handlers serve for owned groups (the classic group APIs once
         # they exist there): ApiVersions caps them to the local range too.
         self.local_group_apis = frozenset(key for key in wire.GROUP_IDS if key in SUPPORTED_APIS)
+        # ApiVersions: what the proxy can read and the coordinator answers alike.
+        known = wire.known_versions(wire.API_VERSIONS)
+        assert known is not None
+        served = SUPPORTED_APIS[wire.API_VERSIONS]
+        self.api_versions_served = (max(known[0], served[0]), min(known[1], served[1]))
 
     # -- addresses -----------------------------------------------------------------------
 
@@ -768,13 +774,23 @@ class _Connection:
                     frame, self.problems, self.peer, Address(coordinator.host, coordinator.port))
             slot.finish(answer, "malformed request")
             return
-        # An owned group's API the coordinator does not serve (yet): say so.
-        message = (f"API {wire.api_name(head.api_key)} v{head.api_version} is not served "
+        # A version (or an owned group's API) this process answers itself and does not
+        # serve: UNSUPPORTED_VERSION in a form the client reads, and the connection stays.
+        key, version, correlation = head.api_key, head.api_version, head.correlation_id
+        message = (f"API {wire.api_name(key)} v{version} is not served "
                    "for the groups this coordinator owns (proxy.groups)")
-        log.warning("proxy_owned_group_api_not_served", api=wire.api_name(head.api_key),
-                    version=head.api_version, peer=self.peer)
-        slot.finish(wire.error_answer(head.api_key, head.api_version, head.correlation_id,
-                                      ErrorCode.UNSUPPORTED_VERSION, message), message)
+        log.info("proxy_version_not_served", api=wire.api_name(key), version=version,
+                 peer=self.peer)
+        if key == wire.API_VERSIONS:
+            slot.finish(wire.unsupported_api_versions_answer(
+                correlation, *self.proxy.api_versions_served), message)
+            return
+        answer = None if key in SUPPORTED_APIS else wire.error_answer(
+            key, version, correlation, ErrorCode.UNSUPPORTED_VERSION, message)
+        if answer is None:
+            answer = error_response(key, version, correlation, ErrorCode.UNSUPPORTED_VERSION,
+                                    message, group_ids=wire.owned_group_ids(frame, head))
+        slot.finish(answer, message)
 
     async def _forward(self, framed: memoryview, routing: wire.Routing,
                        slots: trio.MemorySendChannel[_Slot]) -> bool:
