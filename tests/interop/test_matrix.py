@@ -145,7 +145,7 @@ def test_a_release_protocol_and_group_type_through_a_bounce_and_a_kill(
         workers[1] = restart_worker(worker)
         started.append(workers[1])
         wait_agreed(coordinator, workers, group, tasks, f"after {step}")
-    assert_no_task_on_two_workers(workers)
     if tasks:
+        assert_no_task_on_two_workers(workers)
         time.sleep(3)  # a few records of every task
         assert_no_gaps(workers, SOURCE_TASKS, duplicates_allowed=True)
