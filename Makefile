@@ -48,28 +48,34 @@ system-deps:
 
 # Apache Kafka's jars (KRaft broker, Connect runtime and test connectors, perf tools) for
 # tests/interop and `make demo-connect`, fetched once from Maven Central into an ignored
-# folder named after the version in tests/interop/pom.xml (about 60 MB; ~10 s with a warm
-# ~/.m2). Needs java and mvn; without them the interop tests skip (fail under CI=true).
-KAFKA_VERSION := $(shell sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' tests/interop/pom.xml)
-INTEROP_JARS := tests/interop/.jars/$(KAFKA_VERSION)
-INTEROP_STAMP := $(INTEROP_JARS)/.complete
+# folder per release: the default one (<kafka.version> in tests/interop/pom.xml) and every
+# other release the tests run workers of (<interop.releases>; about 60 MB each, ~10 s with
+# a warm ~/.m2). A release written with a trailing "-" has no Connect test connectors
+# published. Needs java and mvn; without them the interop tests skip (fail under CI=true).
+INTEROP_POM := tests/interop/pom.xml
+KAFKA_VERSION := $(shell sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' $(INTEROP_POM))
+INTEROP_RELEASES := $(shell sed -n 's:.*<interop.releases>\(.*\)</interop.releases>.*:\1:p' $(INTEROP_POM))
+INTEROP_VERSIONS := $(sort $(KAFKA_VERSION) $(patsubst %-,%,$(INTEROP_RELEASES)))
+INTEROP_STAMPS := $(foreach version,$(INTEROP_VERSIONS),tests/interop/.jars/$(version)/.complete)
 
-$(INTEROP_STAMP): tests/interop/pom.xml
+tests/interop/.jars/%/.complete: $(INTEROP_POM)
 	@if command -v mvn >/dev/null 2>&1 && command -v java >/dev/null 2>&1; then \
-	  echo "interop-jars: fetching Apache Kafka $(KAFKA_VERSION) jars into $(INTEROP_JARS)"; \
-	  rm -rf $(INTEROP_JARS) && mkdir -p tests/interop/.jars && \
-	  { mvn -q -B -Dstyle.color=never -f tests/interop/pom.xml dependency:copy-dependencies \
-	      -DincludeScope=runtime -DoutputDirectory=.jars/$(KAFKA_VERSION) \
-	      > tests/interop/.jars/mvn.log 2>&1 \
-	    || { cat tests/interop/.jars/mvn.log >&2; exit 1; }; } && \
-	  touch $(INTEROP_STAMP); \
+	  echo "interop-jars: fetching Apache Kafka $* jars into tests/interop/.jars/$*"; \
+	  plugins=""; \
+	  case " $(INTEROP_RELEASES) " in *" $*- "*) plugins="-Dno.test.plugins" ;; esac; \
+	  rm -rf tests/interop/.jars/$* && mkdir -p tests/interop/.jars && \
+	  { mvn -q -B -Dstyle.color=never -f $(INTEROP_POM) dependency:copy-dependencies \
+	      -DincludeScope=runtime -Dkafka.version=$* $$plugins -DoutputDirectory=.jars/$* \
+	      > tests/interop/.jars/mvn-$*.log 2>&1 \
+	    || { cat tests/interop/.jars/mvn-$*.log >&2; exit 1; }; } && \
+	  touch $@; \
 	else \
 	  echo "interop-jars: java or mvn missing (Debian: openjdk-17-jre-headless maven);" \
 	       "the interop tests are skipped (they fail under CI=true)." >&2; \
 	  case "$${CI:-}" in ""|0|false|no) ;; *) exit 1 ;; esac; \
 	fi
 
-interop-jars: $(INTEROP_STAMP)
+interop-jars: $(INTEROP_STAMPS)
 
 # A KRaft broker, the coordinator in proxy mode and three Connect workers running a
 # VerifiableSource and a VerifiableSink (docs/real-connect-workers.md); Ctrl-C stops it.

@@ -63,6 +63,8 @@ from coordinator.realkafka import (
     all_running,
     connector_states,
     ensure_jars,
+    has_test_connectors,
+    log_time,
     require_java,
     restart_worker,
     start_broker,
@@ -92,6 +94,7 @@ class Bounce:
     stopped: int  # task runs that ended on the workers not bounced
     started: int  # task runs that began there
     moved: list[str] = field(default_factory=list)
+    joins: float = 0.0  # JoinGroups completed per worker not bounced
 
 
 def _every_task_running(worker: Worker) -> bool:
@@ -146,6 +149,18 @@ def _runs_in(worker: Worker, since: float, until: float) -> tuple[int, int, list
 
 JOINED = re.compile(r"Joined group at generation \d+ .*got assignment: Assignment\{.*"
                     r"leaderUrl='([^']*)'")
+# Kafka's group client logs each JoinGroup that completed.
+JOIN_COMPLETED = re.compile(r"^\[([^\]]+)\] \w+ .*Successfully joined group with generation")
+
+
+def joins_in(worker: Worker, since: float, until: float) -> int:
+    """The JoinGroups the worker completed in [since, until], by its log."""
+    count = 0
+    for line in worker.process.log_text().splitlines():
+        match = JOIN_COMPLETED.match(line)
+        if match is not None and since <= log_time(match.group(1)) <= until:
+            count += 1
+    return count
 
 
 def connect_leader(workers: list[Worker]) -> int | None:
@@ -225,13 +240,15 @@ def bounce(workers: list[Worker], index: int, settle_s: float, timeout_s: float)
     seconds = time.time() - began
     time.sleep(settle_s)  # stops and starts that follow the moment all ran count too
     wait_answering(workers[index])
-    stopped = started = 0
+    stopped = started = joins = 0
     moved: list[str] = []
+    ended_at = time.time()
     for worker in others:
-        ended, begun, names = _runs_in(worker, began, time.time())
+        ended, begun, names = _runs_in(worker, began, ended_at)
         stopped, started = stopped + ended, started + begun
         moved += names
-    return Bounce(False, seconds, stopped, started, moved)
+        joins += joins_in(worker, began, ended_at)
+    return Bounce(False, seconds, stopped, started, moved, joins / len(others))
 
 
 def spread_waits(chance: random.Random, count: int, interval_s: float) -> list[float]:
@@ -255,7 +272,8 @@ def create_connectors(worker: Worker, topic: str) -> None:
 
 def run_side(root: Path, side: str, broker_bootstrap: str, bounces: int, which: str,
              overrides: dict[str, object], settle_s: float, timeout_s: float,
-             waits_s: list[float] | None = None) -> list[Bounce]:
+             waits_s: list[float] | None = None, kafka_version: str | None = None
+             ) -> list[Bounce]:
     started: list[Any] = []
     workers: list[Worker] = []
     coordinator: Coordinator | None = None
@@ -269,7 +287,8 @@ def run_side(root: Path, side: str, broker_bootstrap: str, bounces: int, which: 
                                             "owned-.*", extra=extra)
             started.append(coordinator)
             bootstrap, group = coordinator.bootstrap, f"owned-bench-bounce-{side}"
-        workers = start_workers(root, 3, bootstrap, group, started, overrides=overrides)
+        workers = start_workers(root, 3, bootstrap, group, started, overrides=overrides,
+                                kafka_version=kafka_version)
         create_connectors(workers[0], f"bench-bounce-{side}")
         wait_for(lambda: _every_task_running(workers[0]), timeout_s,
                  "every connector and task RUNNING", interval_s=0.5)
@@ -297,7 +316,8 @@ def run_side(root: Path, side: str, broker_bootstrap: str, bounces: int, which: 
             print(f"  {side:8} bounce {number + 1} ({role}): all RUNNING after "
                   f"{result.seconds:5.1f} s; "
                   f"on the other workers {result.stopped} task runs stopped, "
-                  f"{result.started} started {' '.join(sorted(result.moved))}", flush=True)
+                  f"{result.started} started, {result.joins:.1f} JoinGroups each "
+                  f"{' '.join(sorted(result.moved))}", flush=True)
         return results
     finally:
         # The workers as they are now (restarted ones included) and every one started.
@@ -329,6 +349,11 @@ def main(argv: list[str] | None = None) -> int:
                              "(default), the leader (a new leader knows nothing of the "
                              "delay: it hands the departed worker's tasks out at once), "
                              "or each in turn")
+    parser.add_argument("--protocol", choices=("sessioned", "compatible", "eager"),
+                        default="sessioned", help="the workers' connect.protocol")
+    parser.add_argument("--connect-version", default=None,
+                        help="the Kafka release the workers run (default: the tests' "
+                             "default release; one with Connect's test connectors)")
     parser.add_argument("--settle", type=float, default=5.0,
                         help="seconds after all RUNNING in which stops and starts still count")
     parser.add_argument("--timeout", type=float, default=180.0)
@@ -346,11 +371,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         require_java()
         ensure_jars()
+        ensure_jars(args.connect_version)
+        if not has_test_connectors(args.connect_version):
+            raise InteropUnavailable(f"Connect's test connectors are not published for "
+                                     f"{args.connect_version}: bench bounce runs them")
     except InteropUnavailable as error:
         print(f"bench bounce: {error}", file=sys.stderr)
         return 2
     overrides = dict(SYSTEM_TEST_WORKERS)
     overrides["scheduled.rebalance.max.delay.ms"] = args.scheduled_delay_ms
+    overrides["connect.protocol"] = args.protocol
     print(f"3 workers, a VerifiableSource of {TASKS['source']} tasks and a VerifiableSink of "
           f"{TASKS['sink']}; {args.bounces} clean bounces per side (the worker bounced: "
           f"{args.bounce}); workers: "
@@ -365,10 +395,11 @@ def main(argv: list[str] | None = None) -> int:
             for side in sides:
                 results[side] = run_side(root / side, side, broker.bootstrap, args.bounces,
                                          args.bounce, overrides, args.settle, args.timeout,
-                                         waits_s)
+                                         waits_s, args.connect_version)
         finally:
             broker.stop()
-    print("median       all RUNNING   stopped elsewhere   started elsewhere")
+    print("median       all RUNNING   stopped elsewhere   started elsewhere   "
+          "JoinGroups per other worker")
     medians = {}
     for side, bounces in results.items():
         if not bounces:
@@ -379,7 +410,8 @@ def main(argv: list[str] | None = None) -> int:
             if len(bounces) < args.bounces else ""
         print(f"  {side:9}  {medians[side]:9.1f} s  "
               f"{statistics.median(b.stopped for b in bounces):18}  "
-              f"{statistics.median(b.started for b in bounces):18}{uncounted}")
+              f"{statistics.median(b.started for b in bounces):18}  "
+              f"{statistics.median(b.joins for b in bounces):26.1f}{uncounted}")
     if "direct" in medians:
         for side in ("classic", "connect"):
             if side in medians:

@@ -334,8 +334,9 @@ class Healthy:
             nursery.start_soon(self.classic_member)
 
     async def classic_member(self) -> None:
-        """Alone in its group ("classic"; through the proxy, one the proxy owns): joins (listing CLASSIC_PROTOCOLS), syncs as its
-        leader, then heartbeats; an error is counted and it joins again."""
+        """Alone in its group ("classic"; through the proxy, one the proxy owns): joins
+        (listing CLASSIC_PROTOCOLS), syncs as its leader, then heartbeats; an error is
+        counted and it joins again."""
         async with await KafkaClient.connect("127.0.0.1", self.port) as client:
             member_id, generation = "", -1
             while not self.stop.is_set():

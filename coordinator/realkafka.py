@@ -66,24 +66,42 @@ class InteropUnavailable(Exception):
     """Java, Maven or the jars are missing: the caller skips (or fails under CI)."""
 
 
-def kafka_version() -> str:
+def _pom_property(name: str) -> str:
     if not POM.exists():
         raise InteropUnavailable(f"{POM} is missing: run this from a checkout of the "
                                  "repository")
-    match = re.search(r"<kafka.version>([^<]+)</kafka.version>", POM.read_text())
+    match = re.search(rf"<{re.escape(name)}>([^<]+)</{re.escape(name)}>", POM.read_text())
     if match is None:
-        raise InteropUnavailable(f"no <kafka.version> in {POM}")
-    return match.group(1)
+        raise InteropUnavailable(f"no <{name}> in {POM}")
+    return match.group(1).strip()
 
 
-def jars_dir() -> Path:
-    return INTEROP_DIR / ".jars" / kafka_version()
+def kafka_version() -> str:
+    """The release the broker, the tools and the workers run unless told otherwise."""
+    return _pom_property("kafka.version")
 
 
-def ensure_jars() -> Path:
-    """The folder of Kafka's jars, fetched with Maven first if `make interop-jars` has not
-    run (the same command, the same stamp file)."""
-    folder = jars_dir()
+def interop_releases() -> dict[str, bool]:
+    """Every release the tests run workers of -> whether Connect's test connectors
+    (VerifiableSource/Sink) are published for it (not: `4.4.0-` in the pom)."""
+    return {entry.rstrip("-"): not entry.endswith("-")
+            for entry in _pom_property("interop.releases").split()}
+
+
+def has_test_connectors(version: str | None = None) -> bool:
+    return interop_releases().get(version or kafka_version(), True)
+
+
+def jars_dir(version: str | None = None) -> Path:
+    return INTEROP_DIR / ".jars" / (version or kafka_version())
+
+
+def ensure_jars(version: str | None = None) -> Path:
+    """The folder of a release's jars (the pom's default release unless named), fetched
+    with Maven first if `make interop-jars` has not run (the same command, the same stamp
+    file)."""
+    version = version or kafka_version()
+    folder = jars_dir(version)
     stamp = folder / ".complete"
     if stamp.exists():
         return folder
@@ -96,11 +114,13 @@ def ensure_jars() -> Path:
     completed = subprocess.run(
         ["mvn", "-q", "-B", "-Dstyle.color=never", "-f", str(POM),
          "dependency:copy-dependencies", "-DincludeScope=runtime",
+         f"-Dkafka.version={version}",
+         *([] if has_test_connectors(version) else ["-Dno.test.plugins"]),
          f"-DoutputDirectory=.jars/{folder.name}"],
         capture_output=True, text=True, timeout=900, check=False)
     if completed.returncode != 0:
-        raise InteropUnavailable(f"mvn could not fetch the Kafka jars:\n{completed.stdout}"
-                                 f"{completed.stderr}")
+        raise InteropUnavailable(f"mvn could not fetch the Kafka {version} jars:\n"
+                                 f"{completed.stdout}{completed.stderr}")
     stamp.touch()
     return folder
 
@@ -110,8 +130,8 @@ def require_java() -> None:
         raise InteropUnavailable("java is not installed (Debian: openjdk-17-jre-headless)")
 
 
-def classpath() -> str:
-    return str(ensure_jars() / "*")
+def classpath(version: str | None = None) -> str:
+    return str(ensure_jars(version) / "*")
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -240,14 +260,16 @@ def start_process(name: str, command: Sequence[str], folder: Path,
 
 
 def java_command(main_class: str, heap: str, folder: Path, *args: str,
-                 log_level: str = "INFO") -> tuple[list[str], Path]:
-    """`java ... MAIN ARGS` with a log4j2 config that writes `<folder>/server.log`."""
+                 log_level: str = "INFO", version: str | None = None
+                 ) -> tuple[list[str], Path]:
+    """`java ... MAIN ARGS` with a log4j2 config that writes `<folder>/server.log`, on a
+    release's jars (the default one unless `version` names another)."""
     folder.mkdir(parents=True, exist_ok=True)
     log_path = folder / "server.log"
     log_config = folder / "log4j2.properties"
     log_config.write_text(LOG4J2_TEMPLATE.format(log_file=log_path, level=log_level))
     command = ["java", heap, *JVM_FLAGS, f"-Dlog4j2.configurationFile={log_config}",
-               "-cp", classpath(), main_class, *args]
+               "-cp", classpath(version), main_class, *args]
     return command, log_path
 
 
@@ -404,6 +426,7 @@ class Worker:
     host: str
     rest_port: int
     properties: dict[str, object] = field(default_factory=dict)
+    kafka_version: str | None = None  # the release it runs (None: the default one)
 
     @property
     def url(self) -> str:
@@ -459,18 +482,20 @@ def worker_properties(bootstrap: str, group: str, rest_port: int, host: str = "1
 
 
 def start_worker(folder: Path, bootstrap: str, group: str, *, host: str = "127.0.0.1",
-                 overrides: dict[str, object] | None = None, wait: bool = True) -> Worker:
-    """A Connect distributed worker; returns once its REST API answers (it may still be
-    joining its group), or at once without `wait` (then call `wait_answering`)."""
+                 overrides: dict[str, object] | None = None, wait: bool = True,
+                 kafka_version: str | None = None) -> Worker:
+    """A Connect distributed worker (of the default release, or `kafka_version`'s);
+    returns once its REST API answers (it may still be joining its group), or at once
+    without `wait` (then call `wait_answering`)."""
     rest_port = free_port(host)
     properties = worker_properties(bootstrap, group, rest_port, host)
     properties.update(overrides or {})
     folder.mkdir(parents=True, exist_ok=True)
     path = write_properties(folder / "worker.properties", properties)
     command, log_path = java_command("org.apache.kafka.connect.cli.ConnectDistributed",
-                                     WORKER_HEAP, folder, str(path))
+                                     WORKER_HEAP, folder, str(path), version=kafka_version)
     process = start_process(f"worker:{rest_port}", command, folder, log_path)
-    worker = Worker(process, host, rest_port, properties)
+    worker = Worker(process, host, rest_port, properties, kafka_version)
     if wait:
         try:
             wait_answering(worker)
@@ -487,10 +512,12 @@ def restart_worker(worker: Worker, *, wait: bool = True) -> Worker:
     folder = worker.process.folder
     path = write_properties(folder / "worker.properties", worker.properties)
     command, log_path = java_command("org.apache.kafka.connect.cli.ConnectDistributed",
-                                     WORKER_HEAP, folder, str(path))
+                                     WORKER_HEAP, folder, str(path),
+                                     version=worker.kafka_version)
     process = start_process(worker.process.name, command, folder, log_path)
     process.killed_at = worker.process.killed_at  # (the same log file)
-    again = Worker(process, worker.host, worker.rest_port, worker.properties)
+    again = Worker(process, worker.host, worker.rest_port, worker.properties,
+                   worker.kafka_version)
     if wait:
         try:
             wait_answering(again)
@@ -570,10 +597,12 @@ def stopping(processes: list[Any]) -> Iterator[list[Any]]:
                 process.stop()
 
 
-def run_tool(main_class: str, folder: Path, *args: str, timeout_s: float = 180.0
-             ) -> subprocess.CompletedProcess[str]:
-    """Run one of kafka-tools' programs to completion (its output in the result)."""
-    command, _ = java_command(main_class, TOOL_HEAP, folder, *args, log_level="WARN")
+def run_tool(main_class: str, folder: Path, *args: str, timeout_s: float = 180.0,
+             version: str | None = None) -> subprocess.CompletedProcess[str]:
+    """Run one of kafka-tools' programs to completion (its output in the result), of the
+    default release or `version`'s."""
+    command, _ = java_command(main_class, TOOL_HEAP, folder, *args, log_level="WARN",
+                              version=version)
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout_s,
                           check=False)
 

@@ -98,6 +98,21 @@ REQUEST_CLASSES = ClassTable("request")
 RESPONSE_CLASSES = ClassTable("response")
 
 
+def response_class(api_key: int, version: int) -> type[Any] | None:
+    """The response class of any version kio has of a classic API, served or not (a
+    newer version is refused in its own form, which is what its client reads)."""
+    try:
+        return RESPONSE_CLASSES[api_key, version]
+    except KeyError:
+        pass
+    try:
+        loaded: type[Any] = getattr(module(api_key, version, "response"),
+                                    _ROOT_NAMES[api_key] + "Response")
+    except ImportError:
+        return None
+    return loaded
+
+
 def kio_error(code: int) -> KioErrorCode:
     try:
         return KioErrorCode(code)
@@ -165,7 +180,9 @@ def error_body(api_key: int, version: int, code: int, group_ids: tuple[str, ...]
     id of `group_ids`, or in one with an empty id (a request refused before its ids were
     read), so that a client finds the error where it looks; `message` goes where the
     version has room for it."""
-    response_type = RESPONSE_CLASSES[api_key, version]
+    response_type = response_class(api_key, version)
+    if response_type is None:
+        raise KeyError((api_key, version))
     if api_key == DESCRIBE_GROUPS:
         groups = tuple(
             nested(api_key, version, "response", "DescribedGroup", error_code=code,
@@ -186,5 +203,6 @@ def error_body(api_key: int, version: int, code: int, group_ids: tuple[str, ...]
         return build(response_type, error_code=code, error_message=message, node_id=-1,
                      port=-1)
     if api_key == METADATA:
-        return build(response_type, controller_id=-1)
+        # (A top-level error code from v13 on; before, Metadata has none.)
+        return build(response_type, controller_id=-1, error_code=code)
     return build(response_type, error_code=code)

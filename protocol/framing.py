@@ -499,7 +499,12 @@ def encode_response(
 ) -> bytes:
     """Encode a response, size prefix included."""
     body_type = _check_body(RESPONSE_CLASSES, api_key, api_version, body)
-    header_type = _response_header_type(api_key, api_version)
+    return _encode_response_as(body_type, _response_header_type(api_key, api_version),
+                               correlation_id, body)
+
+
+def _encode_response_as(body_type: type[Any], header_type: type[Any], correlation_id: int,
+                        body: Any) -> bytes:
     header = header_type(correlation_id=i32(correlation_id))
 
     def write(buffer: io.BytesIO) -> None:
@@ -610,13 +615,19 @@ def error_response(
         body = INT16.pack(ErrorCode.UNSUPPORTED_VERSION)
         return INT32.pack(len(header_bytes) + len(body)) + header_bytes + body
     if api_key in classic.CLASSIC_APIS:
-        # Kafka's APIs have no error message field; an unsupported version is answered
-        # in the lowest one served (what a client that sent it can still read).
+        # Kafka's APIs have no error message field. A version not served is answered in
+        # its own form where its schema is known (a newer client's version), else in the
+        # nearest version served.
         low, high = SUPPORTED_APIS[api_key]
-        served = api_version if low <= api_version <= high else low
-        return encode_response(api_key, served, correlation_id,
-                               classic.error_body(api_key, served, code, tuple(group_ids),
-                                                  message))
+        answered = classic.response_class(api_key, api_version)
+        if answered is None:
+            api_version = min(max(api_version, low), high)
+            answered = classic.response_class(api_key, api_version)
+        assert answered is not None
+        header_type = (ResponseHeaderV1 if answered.__flexible__ else ResponseHeaderV0)
+        return _encode_response_as(
+            answered, header_type, correlation_id,
+            classic.error_body(api_key, api_version, code, tuple(group_ids), message))
     # A Connect API's unsupported version is answered with v0.
     low, high = SUPPORTED_APIS[api_key]
     served = api_version if low <= api_version <= high else 0

@@ -456,6 +456,11 @@ class ProxyServer:
         # API keys the local handlers serve for owned groups (the classic group APIs once
         # they exist there): ApiVersions caps them to the local range too.
         self.local_group_apis = frozenset(key for key in wire.GROUP_IDS if key in SUPPORTED_APIS)
+        # ApiVersions: what the proxy can read and the coordinator answers alike.
+        known = wire.known_versions(wire.API_VERSIONS)
+        assert known is not None
+        served = SUPPORTED_APIS[wire.API_VERSIONS]
+        self.api_versions_served = (max(known[0], served[0]), min(known[1], served[1]))
 
     # -- addresses -----------------------------------------------------------------------
 
@@ -911,14 +916,28 @@ class _Connection:
                                                         address)
             slot.finish(answer, "malformed request")
             return
-        # An owned group's API the coordinator does not serve (yet): say so.
-        message = (f"API {wire.api_name(head.api_key)} v{head.api_version} is not served "
+        # A version (or an owned group's API) this process answers itself and does not
+        # serve: UNSUPPORTED_VERSION in a form the client reads, and the connection stays.
+        key, version, correlation = head.api_key, head.api_version, head.correlation_id
+        message = (f"API {wire.api_name(key)} v{version} is not served "
                    "for the groups this coordinator owns (proxy.groups)")
-        self.proxy.lines.warning("proxy_owned_group_api_not_served", key=head.api_key,
-                                 api=wire.api_name(head.api_key),
-                                 version=head.api_version, peer=self.peer)
-        slot.finish(wire.error_answer(head.api_key, head.api_version, head.correlation_id,
-                                      ErrorCode.UNSUPPORTED_VERSION, message), message)
+        self.proxy.lines.warning("proxy_version_not_served", key=key, api=wire.api_name(key),
+                                 version=version, peer=self.peer)
+        if key == wire.API_VERSIONS:
+            slot.finish(wire.unsupported_api_versions_answer(
+                correlation, *self.proxy.api_versions_served), message)
+            return
+        answer = None if key in SUPPORTED_APIS else wire.error_answer(
+            key, version, correlation, ErrorCode.UNSUPPORTED_VERSION, message)
+        if answer is None:
+            if request is not None:  # read once already: its group ids are at hand
+                group_ids = wire.GROUP_IDS[key](request.body) if key in wire.GROUP_IDS else ()
+            else:
+                assert frame is not None
+                group_ids = wire.owned_group_ids(frame, head)
+            answer = error_response(key, version, correlation, ErrorCode.UNSUPPORTED_VERSION,
+                                    message, group_ids=group_ids)
+        slot.finish(answer, message)
 
     async def _forward(self, framed: memoryview, routing: wire.Routing,
                        slots: trio.MemorySendChannel[_Slot]) -> bool:

@@ -334,7 +334,10 @@ def classify(frame: Frame, owned: Callable[[str], bool],
         # Newer than the proxy can read: the local answer is UNSUPPORTED_VERSION in v0,
         # and the client retries with a version from its list.
         return Routing(head, Action.LOCAL)
-    if key == FIND_COORDINATOR and known_versions(key) is not None:
+    if key == FIND_COORDINATOR and not _has_schema(key, head.api_version):
+        # Newer than the proxy can read: refused locally in the nearest form it knows.
+        return Routing(head, Action.LOCAL)
+    if key == FIND_COORDINATOR:
         body: Any = decode_request(frame, head, limits).body
         keys = tuple(body.coordinator_keys) if head.api_version >= 4 else (body.key,)
         key_type = int(getattr(body, "key_type", GROUP_KEY_TYPE))
@@ -372,6 +375,17 @@ def refusal(head: RequestHead) -> tuple[bytes | None, str]:
                "addresses the proxy does not rewrite")
     return error_answer(head.api_key, head.api_version, head.correlation_id,
                         KioErrorCode.unsupported_version, message), message
+
+
+def owned_group_ids(frame: Frame, head: RequestHead) -> tuple[str, ...]:
+    """The group ids a group request names, where the proxy can read it; else none."""
+    group_ids = GROUP_IDS.get(head.api_key)
+    if group_ids is None or not _has_schema(head.api_key, head.api_version):
+        return ()
+    try:
+        return group_ids(decode_request(frame, head).body)
+    except MalformedRequest:
+        return ()
 
 
 def _has_schema(api_key: int, api_version: int) -> bool:
@@ -558,6 +572,18 @@ def error_answer(api_key: int, api_version: int, correlation_id: int, error_code
                            zero_entity(response_type, **values))
 
 
+def unsupported_api_versions_answer(correlation_id: int, low: int, high: int) -> bytes:
+    """UNSUPPORTED_VERSION for an ApiVersions version newer than the proxy serves, in the
+    v0 form every client reads, naming the versions it does serve: the client retries with
+    the highest of them on the same connection (KIP-511)."""
+    module = sys.modules[_response_type(API_VERSIONS, 0).__module__]
+    body = module.ApiVersionsResponse(
+        error_code=KioErrorCode.unsupported_version,
+        api_keys=(module.ApiVersion(api_key=i16(API_VERSIONS), min_version=i16(low),
+                                    max_version=i16(high)),))
+    return encode_response(API_VERSIONS, 0, correlation_id, body)
+
+
 def intersect_api_versions(body: Any, local: Mapping[int, tuple[int, int]],
                            local_group_apis: Iterable[int] = ()) -> Any:
     """The upstream's ApiVersions answer as the proxy gives it to clients.
@@ -601,5 +627,6 @@ __all__ = [
     "Routing", "api_name",
     "classify", "merge_listed_groups",
     "decode_response", "encode_request", "encode_response", "endpoints", "error_answer",
-    "find_coordinator_answer", "intersect_api_versions", "rewrite",
+    "find_coordinator_answer", "intersect_api_versions", "owned_group_ids",
+    "unsupported_api_versions_answer", "rewrite",
 ]

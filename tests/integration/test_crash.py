@@ -42,6 +42,18 @@ class Expectation:
     epochs: dict[str, int] = field(default_factory=dict)
     group_epoch: int = 0
     acks: int = 0  # acknowledged changes: each round waits for some before its kill
+    floor: int = 0
+    floor_reached: trio.Event = field(default_factory=trio.Event)
+
+    def ack(self) -> None:
+        self.acks += 1
+        if self.acks >= self.floor:
+            self.floor_reached.set()
+
+    def wait_for(self, more: int) -> trio.Event:
+        """An event set once `more` further changes are acknowledged."""
+        self.floor, self.floor_reached = self.acks + more, trio.Event()
+        return self.floor_reached
 
 
 async def drive_worker(server: ServerProcess, worker: Worker, rng: random.Random,
@@ -56,14 +68,15 @@ async def drive_worker(server: ServerProcess, worker: Worker, rng: random.Random
                 response = await client.request(HEARTBEAT, worker.join_request())
                 code = worker.handle(response)
                 expected.members[name] = "present" if code == ErrorCode.NONE else previous
-                expected.acks += code == ErrorCode.NONE
+                if code == ErrorCode.NONE:
+                    expected.ack()
             elif rng.random() < 0.03:
                 expected.members[name] = "either"
                 response = await client.request(HEARTBEAT, worker.leave_request())
                 assert response.error_code == ErrorCode.NONE, response.error_message
                 worker.joined, worker.epoch, worker.owned = False, 0, frozenset()
                 expected.members[name] = "absent"
-                expected.acks += 1
+                expected.ack()
                 expected.epochs.pop(name, None)
             else:
                 code = await worker.heartbeat(client)
@@ -92,7 +105,7 @@ async def drive_admin(server: ServerProcess, rng: random.Random,
         status, reply = await server.http(method, path, body)
         if 200 <= status < 300:
             expected.connectors[name] = {target}
-            expected.acks += 1
+            expected.ack()
             if isinstance(reply, dict) and "group_epoch" in reply:
                 expected.group_epoch = max(expected.group_epoch, reply["group_epoch"])
         elif status == 404 and method == "DELETE":
@@ -126,10 +139,9 @@ async def chaos_round(server: ServerProcess, workers: list[Worker], rng: random.
         for worker in workers:
             nursery.start_soon(guarded, drive_worker, server, worker, rng, expected)
         nursery.start_soon(guarded, drive_admin, server, rng, expected)
-        floor = expected.acks + ACKS_PER_ROUND
+        enough = expected.wait_for(ACKS_PER_ROUND)
         with trio.fail_after(120):
-            while expected.acks < floor:
-                await trio.sleep(0.01)
+            await enough.wait()
         await trio.sleep(rng.uniform(0, 1.0))  # then a random moment
         server.kill()
         with trio.move_on_after(3):  # the drivers fail on their own; then stop the rest

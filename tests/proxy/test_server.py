@@ -100,7 +100,7 @@ async def test_a_client_that_leaves_releases_its_upstream_connection(
 
 async def test_the_listener_survives_clients_that_send_garbage(proxy: ServerHandle) -> None:
     for garbage in (b"\xff\xff\xff\xff", b"\x00\x00\x00\x02\x00\x03",
-                    b"\x00\x00\x00\x08\x00\x0a\x00\x63\x00\x00\x00\x01"):
+                    b"\x00\x00\x00\x08\x00\x0a\x00\x06\x00\x00\x00\x01"):
         client = await trio.open_tcp_stream("127.0.0.1", proxy.kafka_port)
         await client.send_all(garbage)
         with trio.fail_after(10):

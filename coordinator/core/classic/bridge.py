@@ -145,7 +145,7 @@ def _client_assignors(protocols: tuple[tuple[str, bytes], ...], reason: int = 0
     """A classic member's protocols as the client assignors it counts as listing; `reason`
     stands for its rebalance requests (see `ClassicBridge._reason`)."""
     versions = [PROTOCOL_VERSIONS[name] for name, _ in protocols if name in PROTOCOL_VERSIONS]
-    metadata = {PROTOCOL_VERSIONS[name]: _owned_part(data) for name, data in protocols
+    metadata = {PROTOCOL_VERSIONS[name]: _assignor_part(data) for name, data in protocols
                 if name in PROTOCOL_VERSIONS}
     assignors = []
     cooperative = sorted(v for v in versions if v >= 1)
@@ -161,22 +161,24 @@ def _client_assignors(protocols: tuple[tuple[str, bytes], ...], reason: int = 0
     return tuple(assignors)
 
 
-def _owned_part(data: bytes) -> bytes:
-    """Connect metadata with its allocation cut down to the units the worker runs. Connect
-    sends its whole last assignment as its allocation (leader, offset, revoked units,
-    delay); the rest is what it was told, not what it owns, and must not count as new
-    metadata (each told delay would start another round). Bytes that do not decode are
-    kept as they are."""
+def _assignor_part(data: bytes) -> bytes:
+    """Connect metadata as an assignor input: its version, url and config offset, with an
+    empty allocation. Connect sends its whole last assignment as its allocation; what it
+    runs of that reaches the engine as the units it owns (the leader is shown those,
+    `_leader_view`), and the rest (leader, offset, revoked units, delay) is what it was
+    told. Neither is new metadata: a rejoin after a grant or a revocation would otherwise
+    move the group epoch again inside the round it is part of, one more round each (a
+    revocation's second round comes from the release: `units_released`). Bytes that do
+    not decode are kept as they are."""
     try:
         decoded = decode_worker_metadata(data)
     except ConnectProtocolError:
         return data
     if decoded.version < 1 or decoded.allocation is None:
         return data
-    owned = ConnectAssignment(decoded.allocation.version,
-                              assigned=decoded.allocation.assigned)
     return encode_worker_metadata(WorkerMetadata(decoded.version, decoded.url,
-                                                 decoded.config_offset, owned))
+                                                 decoded.config_offset,
+                                                 ConnectAssignment(decoded.allocation.version)))
 
 
 def _units_bytes(units: frozenset[Unit]) -> bytes:
@@ -290,11 +292,13 @@ class ClassicBridge:
             return _merge(results, JoinAnswer(_JOIN_ERRORS.get(code, code), member_id))
         epoch = int(result.response.member_epoch)
         protocol = self._protocol_name(request.group_id, request.protocols)
+        # An eager worker stopped everything to rejoin: it runs nothing it was told before.
+        eager = PROTOCOL_VERSIONS.get(protocol) == EAGER_VERSION
         bridged = ClassicBridgeMemberValue(
             protocol_name=protocol, session_timeout_ms=request.session_timeout_ms,
             config_offset=metadata.config_offset, allocation=_units_bytes(allocation),
             told_epoch=previous.told_epoch if previous else -1,
-            told=previous.told if previous else b"")
+            told=previous.told if previous and not eager else b"")
         record = bridge_record(request.group_id, member_id, bridged)
         bridge_change: Result[Any] = Result(None, [record],
                                             undo=[self.store.current_record(record.key)])
@@ -546,7 +550,10 @@ class ClassicBridge:
             results.append(installed)
             if installed.response is not None:
                 return _merge(results, SyncAnswer(ErrorCode.REBALANCE_IN_PROGRESS))
-            # The assignment is in: the SyncGroups that waited for it are answered with it.
+            # The assignment is in: the SyncGroups that waited for it are answered with it,
+            # once the eager workers' releases are taken (they stopped everything to rejoin,
+            # so what the new target moves elsewhere is free now, not after another round).
+            results.extend(self._eager_releases(group, now_ms))
             results.extend(self._release_parked(request.group_id, now_ms))
             results.extend(self._maybe_release_joins(group, now_ms))  # (late rejoins)
             self._forget_round(request.group_id)
@@ -565,6 +572,37 @@ class ClassicBridge:
         results.append(answered)
         return _merge(results, answered.response)
 
+    def _eager_releases(self, group: Any, now_ms: int) -> list[Result[Any]]:
+        """For each eager member that the new target asks to release units it does not
+        run (it stopped everything to rejoin and has not been told them since): its
+        heartbeats, reporting what it runs, that take the release now, so that the units
+        reach their new owners in this round's SyncGroup answers instead of after one
+        more round. (A cooperative worker reports its releases itself.)"""
+        results: list[Result[Any]] = []
+        for member_id in list(group.members):
+            bridged = self.store.bridged.get((group.group_id, member_id))
+            if bridged is None \
+                    or PROTOCOL_VERSIONS.get(bridged.protocol_name, 1) != EAGER_VERSION:
+                continue
+            runs = self._told(bridged.told)
+            # The first heartbeat moves it towards the target (pending revocation, if
+            # any), the second takes the release: one report cannot do both.
+            for _ in range(2):
+                member = group.members.get(member_id)
+                if member is None or member.current.epoch == group.assignment_epoch \
+                        and member.current.state is not MemberState.UNREVOKED:
+                    break
+                if not runs.isdisjoint(member.current.pending_revocation):
+                    break
+                beat = self.core.heartbeat(ConnectGroupHeartbeatRequest(
+                    group_id=group.group_id, member_id=member_id,
+                    member_epoch=member.current.epoch, rebalance_timeout_ms=-1,
+                    owned_connectors_and_tasks=units_to_wire(runs)), now_ms)
+                self._own_session(beat, group.group_id, member_id,
+                                  bridged.session_timeout_ms, now_ms)
+                results.append(beat)
+        return results
+
     def _sync_wait_ms(self, group: Any, member_id: str,
                       bridged: ClassicBridgeMemberValue) -> int:
         """How long a member's SyncGroup waits for the assignment the chosen worker is
@@ -573,10 +611,13 @@ class ClassicBridge:
         the new assignment only at its next heartbeat after the install. Only a bridged
         chosen worker's install answers it (`sync`); the wait is at most half the member's
         session, since its heartbeats wait behind the SyncGroup on its connection. A member
-        the current target gives units to release or to start does not wait."""
+        the current target gives units to release or to start does not wait, unless it is
+        eager: it stopped everything to rejoin, and what it would start now the round's
+        assignment replaces, stopping it again after one more round."""
         if not self._may_wait(group, member_id):
             return 0
-        if group.members[member_id].current.assigned != self._told(bridged.allocation):
+        if PROTOCOL_VERSIONS.get(bridged.protocol_name, 1) != EAGER_VERSION \
+                and group.members[member_id].current.assigned != self._told(bridged.allocation):
             return 0  # units to start (what it runs is its JoinGroup's allocation): now
         return min(self.core.config.classic_sync_wait_ms, bridged.session_timeout_ms // 2)
 
@@ -912,10 +953,19 @@ class ClassicBridge:
             return _merge(results, HeartbeatAnswer(_JOIN_ERRORS.get(error, error)))
         member = group.members[request.member_id]
         current = member.current
-        # The chosen worker's SyncGroup that installed an assignment told it its part: at
-        # that target with nothing to release it has nothing to learn from a rejoin, and a
-        # rejoin would be a round in which it does not assign (see `_reason`). So its
-        # new epoch alone does not call it back.
+        # A member at the group's target, running what it was told, has nothing to learn
+        # from a rejoin: its new epoch alone does not call it back. (A broker gives the
+        # round's generation in the JoinGroup answers; here a member's epoch moves when
+        # the round's assignment is installed, after them. A rejoin for it alone would be
+        # one more JoinGroup per worker and round, and an eager worker stops every task
+        # at each.) The chosen worker's install told it its part, and a rejoin would be a
+        # round in which it does not assign (see `_reason`); any other member is called
+        # back while a `delay` of the target may be news to it.
+        at_target = (current.epoch == group.assignment_epoch
+                     and current.state is MemberState.STABLE
+                     and (group.chosen_member == member.member_id
+                          or self._ran_last_assignment(group, member)
+                          or self._delay_left(group, member.member_id, now_ms) == 0))
         must_rejoin = (
             code == ErrorCode.COMPUTE_ASSIGNMENT
             or current.state is MemberState.UNREVOKED
@@ -923,10 +973,7 @@ class ClassicBridge:
             or self._may_wait(group, member.member_id)
             or current.assigned != self._told(bridged.told)
             or ((current.epoch != bridged.told_epoch or current.epoch != request.generation)
-                and not (current.epoch == group.assignment_epoch
-                         and current.state is MemberState.STABLE
-                         and (group.chosen_member == member.member_id
-                              or self._ran_last_assignment(group, member))))
+                and not at_target)
         )
         return _merge(results, HeartbeatAnswer(
             ErrorCode.REBALANCE_IN_PROGRESS if must_rejoin else ErrorCode.NONE))
