@@ -120,9 +120,9 @@ BENCHES: dict[str, str] = {
 }
 
 
-# What `pip install 'connect-coordinator[report]'` adds; nothing else needs them.
+# What `pip install '.[report]'` adds; nothing else needs them.
 REPORT_MODULES = frozenset({"pyspark", "pyarrow", "pandas", "matplotlib"})
-REPORT_INSTALL = "pip install 'connect-coordinator[report]'"
+REPORT_INSTALL = "pip install '.[report]'"
 
 
 def _version() -> str:

@@ -199,7 +199,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from pyspark.sql import SparkSession
     except ImportError:
         print("connect-coordinator report: error: pyspark is not installed: "
-              "pip install 'connect-coordinator[report]'", file=sys.stderr)
+              "pip install '.[report]'", file=sys.stderr)
         return 2
     from coordinator.report.aggregate import InputError
 
