@@ -285,9 +285,6 @@ class CommandError(Exception):
         self.status = status
 
 
-# An HTTP server's answer starts with "HTTP/1.1 ...": read as a Kafka frame's 4-byte size
-# prefix that is 1,213,486,160 bytes.
-HTTP_AS_FRAME_SIZE = int.from_bytes(b"HTTP", "big")
 DESCRIBE_TIMEOUT_S = 30.0
 
 
@@ -333,41 +330,14 @@ def _list_groups(admin: str) -> list[str]:
 
 
 async def _describe_groups(host: str, port: int, groups: list[str]) -> list[dict[str, Any]]:
-    import trio
-
-    from coordinator.client import KafkaClient
-    from protocol.framing import FrameTooLarge, ProtocolError
+    from coordinator.client import Unreachable, ask_coordinator
     from protocol.messages import ConnectGroupDescribeRequest
 
-    where = f"{host}:{port}"
-    hint = "--bootstrap takes the Kafka listener (serve --listen, default 127.0.0.1:19092)"
     try:
-        client = await KafkaClient.connect(host, port)
-    except OSError as error:
-        # trio tells each address it tried in an exception group under the OSError.
-        cause: BaseException = error.__cause__ or error
-        while isinstance(cause, BaseExceptionGroup) and cause.exceptions:
-            cause = cause.exceptions[0]
-        reason = getattr(cause, "strerror", None) or str(cause)
-        raise CommandError(f"cannot connect to {where} ({reason}): is the coordinator "
-                           f"running there? {hint}") from None
-    try:
-        async with client:
-            with trio.fail_after(DESCRIBE_TIMEOUT_S):
-                response = await client.request(
-                    1003, ConnectGroupDescribeRequest(group_ids=tuple(groups)), api_version=1)
-    except trio.TooSlowError:
-        raise CommandError(f"no answer from {where} within {DESCRIBE_TIMEOUT_S:g} s: is it "
-                           f"a coordinator? {hint}") from None
-    except FrameTooLarge as error:
-        if error.size == HTTP_AS_FRAME_SIZE:
-            raise CommandError(f"{where} answered in HTTP: that looks like the admin HTTP "
-                               f"port, not the Kafka port; {hint}") from None
-        raise CommandError(f"{where} does not speak the Kafka protocol ({error}); "
-                           f"{hint}") from None
-    except (OSError, ProtocolError) as error:
-        raise CommandError(f"{where} broke off the request ({error}): is it a coordinator? "
-                           f"{hint}") from None
+        response = await ask_coordinator(
+            host, port, ConnectGroupDescribeRequest(group_ids=tuple(groups)), DESCRIBE_TIMEOUT_S)
+    except Unreachable as error:
+        raise CommandError(str(error)) from None
     return [_group_json(group) for group in response.groups]
 
 

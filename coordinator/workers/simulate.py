@@ -11,6 +11,7 @@ report.
 from __future__ import annotations
 
 import argparse
+import http.client
 import inspect
 import json
 import math
@@ -27,9 +28,11 @@ from typing import Any
 
 import trio
 
+from coordinator.client import Unreachable, ask_coordinator
 from coordinator.units import CONNECTOR, Unit, format_unit
 from coordinator.urls import open_url
 from coordinator.workers.host import RemoteHost, Traffic, WorkerHost, WorkerSpec, unit_of
+from protocol.messages import ConnectGroupDescribeRequest
 
 PROG = "connect-coordinator simulate"
 CHAOS_KINDS = ("kill", "bounce", "pause", "drop", "rolling", "restart", "upgrade", "downgrade")
@@ -164,20 +167,34 @@ class Admin:
             return None
         return answer if status == 200 and isinstance(answer, dict) else None
 
-    async def wait_ready(self, timeout_s: float) -> None:
-        deadline = trio.current_time() + timeout_s
+    async def wait_ready(self, timeout_s: float, unreachable_s: float = 5.0) -> None:
+        """Waits while the coordinator loads its log (/readyz says 503); nobody listening
+        for `unreachable_s`, or something that does not answer in HTTP, ends the run."""
+        hint = ("--admin takes the coordinator's admin HTTP listener (serve --admin-listen, "
+                "default http://127.0.0.1:19093)")
+        started = trio.current_time()
         last = "no answer"
-        while trio.current_time() < deadline:
+        while trio.current_time() < started + timeout_s:
             try:
                 status, answer = await self.call("GET", "/readyz")
                 if status == 200:
                     return
                 last = f"HTTP {status} {answer}"
+            except (http.client.BadStatusLine, ConnectionResetError) as error:
+                # A Kafka listener closes the connection on an HTTP request.
+                raise SimulationError(
+                    f"{self.base_url} did not answer in HTTP ({error or type(error).__name__}):"
+                    f" that looks like the Kafka port, not the admin port; {hint}") from None
             except (OSError, ValueError) as error:
-                last = str(error)
+                reason = getattr(error, "reason", None) or error
+                reason = getattr(reason, "strerror", None) or reason
+                if trio.current_time() >= started + unreachable_s:
+                    raise SimulationError(f"cannot reach {self.base_url} ({reason}): is the "
+                                          f"coordinator running there? {hint}") from None
+                last = str(reason)
             await trio.sleep(0.2)
         raise SimulationError(f"the coordinator's admin API {self.base_url} was not ready "
-                              f"within {timeout_s:.0f} s ({last})")
+                              f"within {timeout_s:.0f} s ({last}); {hint}")
 
 
 # ------------------------------------------------------------------------------ the run
@@ -283,7 +300,13 @@ class Simulation:
     # -------------------------------------------------------------- set-up
     async def prepare(self) -> WorkerSpec:
         options = self.options
+        # Both listeners are checked before anything is created in the group.
         await self.admin.wait_ready(30)
+        try:
+            await ask_coordinator(options.host, options.port,
+                                  ConnectGroupDescribeRequest(group_ids=()), 10.0)
+        except Unreachable as error:
+            raise SimulationError(str(error)) from None
         group = options.group
         from_config_topic = options.chaos.converts
         if from_config_topic:

@@ -210,3 +210,47 @@ async def test_deleting_an_unknown_connector_names_it(server: ServerHandle) -> N
     # an unknown group is still the group that is not found
     status_code, missing = await http(server, "DELETE", "/groups/nope/connectors/absent")
     assert status_code == 404 and missing["error"] == "GROUP_ID_NOT_FOUND"
+
+
+async def groups_on(server: ServerHandle) -> list[str]:
+    status, body = await http(server, "GET", "/groups")
+    assert status == 200, body
+    return [group["group_id"] for group in body["groups"]]
+
+
+@pytest.mark.parametrize("where", ["closed", "admin"])
+async def test_simulate_against_a_wrong_bootstrap_says_so_and_creates_nothing(
+        server: ServerHandle, where: str) -> None:
+    port = free_port() if where == "closed" else server.admin_port
+    result = await run_cli("simulate", "--bootstrap", f"127.0.0.1:{port}",
+                           "--admin", f"http://127.0.0.1:{server.admin_port}",
+                           "--group", "never-made", "--duration", "5")
+    assert result.returncode == 1, result.stderr
+    line = one_line(result.stderr)
+    expected = "refused" if where == "closed" else "admin HTTP port"
+    assert expected in line and "--bootstrap" in line, line
+    assert result.stdout == b""
+    assert "never-made" not in await groups_on(server)
+
+
+async def test_simulate_against_a_wrong_admin_url_says_so(server: ServerHandle) -> None:
+    for admin in (f"http://127.0.0.1:{free_port()}", f"http://127.0.0.1:{server.kafka_port}"):
+        result = await run_cli("simulate", "--bootstrap", f"127.0.0.1:{server.kafka_port}",
+                               "--admin", admin, "--group", "never-made", "--duration", "5")
+        assert result.returncode == 1, result.stderr
+        line = one_line(result.stderr)
+        assert admin in line and "--admin" in line, line
+    assert "never-made" not in await groups_on(server)
+
+
+async def test_metrics_record_against_a_wrong_url_says_so(
+        server: ServerHandle, tmp_path: Path) -> None:
+    for url in (f"http://127.0.0.1:{free_port()}", f"http://127.0.0.1:{server.kafka_port}"):
+        result = await run_cli("metrics", "record", "--url", url, "--interval", "1",
+                               "--duration", "30", "--out", str(tmp_path / "m"))
+        assert result.returncode == 1, result.stderr
+        # after the line that says what it would record
+        line = result.stderr.decode().splitlines()[-1]
+        assert "Traceback" not in result.stderr.decode()
+        assert url in line and "--url" in line and "scrape" not in line, line
+    assert not (tmp_path / "m").exists() or not any((tmp_path / "m").iterdir())
