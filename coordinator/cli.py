@@ -147,6 +147,12 @@ def main(argv: list[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 141  # what a shell reports for a program ended by SIGPIPE
+    except (KeyboardInterrupt, BaseExceptionGroup) as raised:
+        # Ctrl-C where a command has nothing to save: quiet, with a shell's status for it.
+        if not _only_interrupts(raised):
+            raise
+        print("connect-coordinator: interrupted", file=sys.stderr)
+        return 130
     except ModuleNotFoundError as error:
         missing = (error.name or "").partition(".")[0]
         if missing not in REPORT_MODULES:
@@ -157,6 +163,12 @@ def main(argv: list[str] | None = None) -> int:
               f"{REPORT_INSTALL}", file=sys.stderr)
         return 2
     return status
+
+
+def _only_interrupts(error: BaseException) -> bool:
+    if isinstance(error, BaseExceptionGroup):
+        return all(_only_interrupts(inner) for inner in error.exceptions)
+    return isinstance(error, KeyboardInterrupt)
 
 
 def _main(argv: list[str] | None = None) -> int:

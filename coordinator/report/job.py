@@ -193,8 +193,42 @@ def parse_args(argv: Sequence[str] | None) -> Options:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point; returns the exit status (0 ok, 2 unusable input)."""
+    """Entry point; returns the exit status (0 ok, 2 unusable input, 130 Ctrl-C)."""
     options = parse_args(argv)
+    import signal
+    import threading
+
+    from coordinator.processes import stop_descendants
+
+    interrupted = False
+
+    def on_interrupt(signum: int, frame: Any) -> None:
+        nonlocal interrupted
+        if interrupted:
+            return
+        interrupted = True
+        # Spark's JVM ignores SIGINT (PySpark starts it so): it is ended here, before the
+        # Python side unwinds, so that it neither stays behind nor prints a Java stack.
+        stop_descendants()
+        raise KeyboardInterrupt
+
+    if threading.current_thread() is not threading.main_thread():
+        return _run(options, lambda: False)  # a caller's thread: Ctrl-C is the caller's
+    previous = signal.signal(signal.SIGINT, on_interrupt)
+    try:
+        return _run(options, lambda: interrupted)
+    except BaseException:
+        if not interrupted:
+            raise
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if interrupted:
+            stop_descendants()
+    print("connect-coordinator report: interrupted; no report written", file=sys.stderr)
+    return 130
+
+
+def _run(options: Options, interrupted: Callable[[], bool]) -> int:
     try:
         from pyspark.sql import SparkSession
     except ImportError:
@@ -239,7 +273,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"connect-coordinator report: error: {error}", file=sys.stderr)
         return 2
     finally:
-        if owned:
+        if owned and not interrupted():  # (its JVM was ended already)
             spark.stop()
     print(f"[report] written to {options.out / 'index.html'}", file=sys.stderr)
     return 0

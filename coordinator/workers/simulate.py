@@ -17,6 +17,7 @@ import json
 import math
 import os
 import random
+import signal
 import sys
 import time
 import urllib.error
@@ -293,6 +294,7 @@ class Simulation:
         self.upgraders = self.names[:first_classic] or self.names[:1]
         self.session_timeout_ms = 10_000
         self.started_monotonic_ms = 0.0  # the same moment as `started`, on the shared clock
+        self.interrupted = False  # by Ctrl-C: the report covers the run up to then
 
     def elapsed(self) -> float:
         return trio.current_time() - self.started
@@ -610,24 +612,34 @@ class Simulation:
                      f"{'es' if options.processes > 1 else ''}), {len(self.units)} units, "
                      f"assignor {options.assignor}, chaos "
                      f"{','.join(options.chaos.kinds) or 'none'}")
-            for name in self.names:
-                await self.host_of[name].start(name)
+            # Ctrl-C ends the run's middle, not the run: the workers still stop and the
+            # report still tells what ran (marked interrupted); a second Ctrl-C ends it all.
+            running = trio.CancelScope()
+            await nursery.start(self._interrupt_on_sigint, running)
             watchers = trio.CancelScope()
+            settled: float | None = None
+            with running:
+                for name in self.names:
+                    await self.host_of[name].start(name)
 
-            async def watch() -> None:
-                with watchers:
-                    async with trio.open_nursery() as inner:
-                        inner.start_soon(self.show_progress)
-                        inner.start_soon(self.poll)
+                async def watch() -> None:
+                    with watchers:
+                        async with trio.open_nursery() as inner:
+                            inner.start_soon(self.show_progress)
+                            inner.start_soon(self.poll)
 
-            nursery.start_soon(watch)
-            self.initial_convergence_s = await self.wait_converged(self.converge_timeout_s())
-            self.say("converged" if self.initial_convergence_s is not None
-                     else "the group did NOT converge after the workers joined")
-            await self.chaos_loop(self.started + options.duration_s)
-            settled = await self.wait_converged(self.converge_timeout_s())
-            final = self.last
+                nursery.start_soon(watch)
+                self.initial_convergence_s = await self.wait_converged(
+                    self.converge_timeout_s())
+                self.say("converged" if self.initial_convergence_s is not None
+                         else "the group did NOT converge after the workers joined")
+                await self.chaos_loop(self.started + options.duration_s)
+                settled = await self.wait_converged(self.converge_timeout_s())
             watchers.cancel()
+            if self.interrupted:
+                self.say("interrupted: stopping the workers")
+                await self.snapshot()
+            final = self.last
             if sys.stderr.isatty() and options.progress:
                 print(file=sys.stderr)
             for host in self.hosts:
@@ -641,12 +653,24 @@ class Simulation:
         assert final is not None
         return self.report(final, settled is not None, runs)
 
+    async def _interrupt_on_sigint(self, running: trio.CancelScope,
+                                   task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+                                   ) -> None:
+        with trio.open_signal_receiver(signal.SIGINT) as signals:
+            task_status.started()
+            async for _ in signals:
+                if self.interrupted:
+                    raise KeyboardInterrupt
+                self.interrupted = True
+                running.cancel()
+
     def report(self, final: Snapshot, converged: bool,
                runs: list[dict[str, Any]]) -> dict[str, Any]:
         options = self.options
         violations = find_violations(runs, self.started_monotonic_ms)
         ttc = [d.time_to_converge_s for d in self.disruptions]
         return {
+            "interrupted": self.interrupted,
             "violations": violations,
             "converged": converged,
             "disruptions": [d.to_json() for d in self.disruptions],
@@ -857,7 +881,9 @@ def options_from(args: argparse.Namespace) -> Options:
 
 def summary(report: dict[str, Any]) -> list[str]:
     ttc = [t for t in report["time_to_converge_s"] if t is not None]
-    lines = [
+    lines = [f"interrupted after {report['elapsed_s']:.1f} s: what ran until then"
+             ] if report.get("interrupted") else []
+    lines += [
         f"violations: {len(report['violations'])}",
         f"converged: {report['converged']}",
         f"disruptions: {len(report['disruptions'])} ("
@@ -903,18 +929,30 @@ def main(argv: list[str] | None = None) -> int:
     simulation = Simulation(options)
     try:
         report = trio.run(simulation.run)
-    except SimulationError as error:
-        print(f"{PROG}: {error}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print(f"{PROG}: interrupted", file=sys.stderr)
-        return 130
+    except BaseException as raised:  # noqa: B036 - trio's groups hold what the run raised
+        leaves = _leaves(raised)
+        failure = next((leaf for leaf in leaves if isinstance(leaf, SimulationError)), None)
+        if failure is not None:
+            print(f"{PROG}: {failure}", file=sys.stderr)
+            return 1
+        if leaves and all(isinstance(leaf, KeyboardInterrupt) for leaf in leaves):
+            print(f"{PROG}: interrupted", file=sys.stderr)
+            return 130
+        raise
     if options.report is not None:
         options.report.parent.mkdir(parents=True, exist_ok=True)
         options.report.write_text(json.dumps(report, indent=2) + "\n")
     for line in summary(report):
         print(line)
+    if report["interrupted"]:
+        return 130
     return 0 if passed(report) else 1
+
+
+def _leaves(error: BaseException) -> list[BaseException]:
+    if isinstance(error, BaseExceptionGroup):
+        return [leaf for inner in error.exceptions for leaf in _leaves(inner)]
+    return [error]
 
 
 if __name__ == "__main__":
