@@ -244,15 +244,11 @@ def _serve(args: argparse.Namespace, instruments: Sequence[Any] = ()) -> int:
             raise ConfigError(f"group.connect.server.assignors: {error}") from None
         listen = parse_address(args.listen)
         admin = parse_address(args.admin_listen)
-        if not args.in_memory:
-            args.data_dir.mkdir(parents=True, exist_ok=True)
     except (ConfigError, ValueError) as error:
         print(f"connect-coordinator: {error}", file=sys.stderr)
         return 2
-    except OSError as error:
-        print(f"connect-coordinator: cannot use --data-dir {args.data_dir}: {error}",
-              file=sys.stderr)
-        return 2
+    # The data directory is made by the server once both listeners are open: a start
+    # refused for a port in use leaves nothing behind.
 
     async def serve_until_signalled() -> None:
         async with trio.open_nursery() as nursery:
@@ -313,7 +309,16 @@ def _describe(args: argparse.Namespace) -> int:
     groups = list(args.groups)
     try:
         if not groups:
-            groups = _list_groups(args.admin or f"http://{host}:19093")
+            admin = args.admin or f"http://{host}:19093"
+            groups = _list_groups(admin)
+            if not groups:
+                trio.run(_describe_groups, host, port, [])  # is --bootstrap a coordinator?
+                if args.json:
+                    print("[]")
+                else:
+                    print(f"no groups on the coordinator at {admin} (a group appears when a "
+                          "worker joins it or its connectors or config are set)")
+                return 0
         described = trio.run(_describe_groups, host, port, groups)
     except CommandError as error:
         print(f"connect-coordinator: {error}", file=sys.stderr)

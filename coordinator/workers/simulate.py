@@ -22,7 +22,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -122,6 +122,10 @@ def parse_chaos(spec: str | None, can_restart: bool, mixed_group: bool = False) 
         if name not in kinds:
             kinds.append(name)
     return ChaosPlan(tuple(kinds), share)
+
+
+# The live status line's heartbeats/s: over this many seconds of the run.
+RATE_WINDOW_S = 10.0
 
 
 # ------------------------------------------------------------------------------ admin API
@@ -573,20 +577,26 @@ class Simulation:
     async def show_progress(self) -> None:
         interactive = sys.stderr.isatty()
         every = 1.0 if interactive else 5.0
-        previous = 0
+        # Workers heartbeat every few seconds, so a count per second comes in bursts: the
+        # rate is taken over the last RATE_WINDOW_S of snapshots.
+        counts: deque[tuple[float, int]] = deque()
         while True:
             await trio.sleep(every)
             snap = self.last
             if snap is None or not self.options.progress:
                 continue
             running = sum(1 for unit in snap.running if unit in self.unit_names)
-            rate = (snap.traffic.heartbeats - previous) / every
-            previous = snap.traffic.heartbeats
+            if not counts or counts[-1][0] != self.last_at:
+                counts.append((self.last_at, snap.traffic.heartbeats))
+            while len(counts) > 2 and counts[-1][0] - counts[1][0] >= RATE_WINDOW_S:
+                counts.popleft()
+            (first_at, first), (last_at, last) = counts[0], counts[-1]
+            rate = (last - first) / (last_at - first_at) if last_at > first_at else 0.0
             line = (f"[{self.elapsed():6.1f}s] group {snap.state or '?'} epoch "
                     f"{snap.group_epoch if snap.group_epoch is not None else '?'}, "
                     f"{snap.members} members, {running}/{len(self.units)} units running, "
                     f"{len(snap.doubled())} doubled, {len(self.disruptions)} disruptions, "
-                    f"{rate:.0f} heartbeats/s, {sum(snap.traffic.errors.values())} errors")
+                    f"{rate:.1f} heartbeats/s, {sum(snap.traffic.errors.values())} errors")
             if interactive:
                 print("\r\x1b[K" + line, file=sys.stderr, end="", flush=True)
             else:
