@@ -87,7 +87,7 @@ interop-jars: $(INTEROP_STAMP)
 # A KRaft broker, the coordinator in proxy mode and three Connect workers running a
 # VerifiableSource and a VerifiableSink (docs/real-connect-workers.md); Ctrl-C stops it.
 demo-connect: install interop-jars
-	$(BIN)/python -m coordinator.demo_connect
+	$(BIN)/python -m coordinator.demo_connect $(ARGS)
 
 # -p no:cacheprovider: no .pytest_cache, so a read-only CI checkout works too; --tb=short:
 # a line or two per frame, so that the tail of a failed run shows every failure.
