@@ -21,6 +21,8 @@ EPILOG = """\
 commands:
   serve      run the coordinator (KRPC listener, admin HTTP API, durable log)
   describe   show groups, their epochs and members' assignments
+  groups     --list | --describe [--members [--verbose]] [--state] | --delete, in the
+             shape of kafka-consumer-groups.sh
   bench      benchmarks: codec | core | heartbeats | classic | assignor | install | log |
              replay | hostile | proxy | bounce; compare (an A/B's verdict from their JSON)
   log        log tools: check | dump | compact | snapshot
@@ -92,7 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
     tools = commands.add_parser("log", help="log tools: check, dump, compact, snapshot",
                                 description="Tools for the record log in --data-dir.")
     tools.add_argument("rest", nargs=argparse.REMAINDER)
-    for name, text in (("simulate", "fake Connect workers under chaos"),
+    for name, text in (("groups", "list, describe, delete groups (kafka-consumer-groups)"),
+                       ("simulate", "fake Connect workers under chaos"),
                        ("metrics", "record metrics: metrics record ..."),
                        ("report", "the PySpark capacity report"),
                        ("demo-connect", "Kafka broker + proxy + 3 real Connect workers")):
@@ -102,6 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 FORWARDED = {"log": "coordinator.log.cli", "simulate": "coordinator.workers.simulate",
+             "groups": "coordinator.groups_cli",
              "demo-connect": "coordinator.demo_connect",
              "metrics": "coordinator.report.recorder", "report": "coordinator.report.job"}
 BENCHES: dict[str, str] = {
