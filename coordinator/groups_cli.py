@@ -156,8 +156,9 @@ def _describe(host: str, port: int, names: list[str], args: argparse.Namespace) 
                          str(group["assignor"] or "-"), str(len(group["members"]))))
         elif args.members:
             for m in group["members"]:
-                row: tuple[str, ...] = (gid, m["member_id"], m["instance_id"] or "-", m["worker_url"] or "-",
-                       m["protocol"], str(m["member_epoch"]), str(len(m["assigned"])))
+                row: tuple[str, ...] = (
+                    gid, m["member_id"], m["instance_id"] or "-", m["worker_url"] or "-",
+                    m["protocol"], str(m["member_epoch"]), str(len(m["assigned"])))
                 rows.append(row + ((",".join(m["assigned"]) or "-",) if args.verbose else ()))
         else:
             runner = {unit: m for m in group["members"] for unit in m["assigned"]}
