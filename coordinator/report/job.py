@@ -9,6 +9,7 @@ quantiles and the capacity projection (``figures``) and writes HTML, PNG, CSV an
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from collections import defaultdict
@@ -699,7 +700,10 @@ class FigureBuilder:
         )
         self.projection = projection
         reason = "; ".join(projection.notes) or "not enough data"
-        self.add(present("capacity: max members", projection.max_members, "members",
+        # Whole workers, as the headline counts them.
+        fit = (None if projection.max_members is None
+               else math.floor(projection.max_members + 1e-9))
+        self.add(present("capacity: max members", fit, "members",
                          missing_reason=reason, note=f"limited by {projection.limited_by}"))
         self.add(present("capacity: additional workers", projection.additional_workers,
                          "workers", missing_reason=reason))
