@@ -2,23 +2,36 @@
 PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
+# `make run` needs the server only (about 60 MB); `make test`, `lint`, `bench` and
+# `demo-connect` need everything (the test and report extras, about 1.1 GB).
+SERVER_STAMP := $(VENV)/.installed-server-stamp
 STAMP := $(VENV)/.installed-stamp
+# Passed to the command a target runs: `make run ARGS='--listen 127.0.0.1:29092'`.
+ARGS ?=
 
-.PHONY: install run test lint bench system-deps interop-jars demo-connect
+.PHONY: install install-server run test lint bench system-deps interop-jars demo-connect
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
 # Reinstall only when the project's dependencies change.
+$(SERVER_STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e .
+	touch $(SERVER_STAMP)
+
+# The full install holds the server's too.
 $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[test]'
-	touch $(STAMP)
+	touch $(STAMP) $(SERVER_STAMP)
+
+install-server: $(SERVER_STAMP)
 
 install: $(STAMP)
 
-run: install
-	$(BIN)/connect-coordinator serve --data-dir ./data
+run: install-server
+	$(BIN)/connect-coordinator serve --data-dir ./data $(ARGS)
 
 # Programs some tests run, from Debian packages: Prometheus and promtool (package
 # `prometheus`: a real server scraping /metrics, `promtool check`) and Chromium (package
@@ -80,7 +93,7 @@ interop-jars: $(INTEROP_STAMPS)
 # A KRaft broker, the coordinator in proxy mode and three Connect workers running a
 # VerifiableSource and a VerifiableSink (docs/real-connect-workers.md); Ctrl-C stops it.
 demo-connect: install interop-jars
-	$(BIN)/python -m coordinator.demo_connect
+	$(BIN)/python -m coordinator.demo_connect $(ARGS)
 
 # -p no:cacheprovider: no .pytest_cache, so a read-only CI checkout works too; --tb=short:
 # a line or two per frame, so that the tail of a failed run shows every failure.

@@ -21,6 +21,8 @@ EPILOG = """\
 commands:
   serve      run the coordinator (KRPC listener, admin HTTP API, durable log)
   describe   show groups, their epochs and members' assignments
+  groups     --list | --describe [--members [--verbose]] [--state] | --delete, in the
+             shape of kafka-consumer-groups.sh
   bench      benchmarks: codec | core | heartbeats | classic | assignor | install | log |
              replay | hostile | proxy | bounce; compare (an A/B's verdict from their JSON)
   log        log tools: check | dump | compact | snapshot
@@ -92,7 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
     tools = commands.add_parser("log", help="log tools: check, dump, compact, snapshot",
                                 description="Tools for the record log in --data-dir.")
     tools.add_argument("rest", nargs=argparse.REMAINDER)
-    for name, text in (("simulate", "fake Connect workers under chaos"),
+    for name, text in (("groups", "list, describe, delete groups (kafka-consumer-groups)"),
+                       ("simulate", "fake Connect workers under chaos"),
                        ("metrics", "record metrics: metrics record ..."),
                        ("report", "the PySpark capacity report"),
                        ("demo-connect", "Kafka broker + proxy + 3 real Connect workers")):
@@ -102,6 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 FORWARDED = {"log": "coordinator.log.cli", "simulate": "coordinator.workers.simulate",
+             "groups": "coordinator.groups_cli",
              "demo-connect": "coordinator.demo_connect",
              "metrics": "coordinator.report.recorder", "report": "coordinator.report.job"}
 BENCHES: dict[str, str] = {
@@ -120,9 +124,9 @@ BENCHES: dict[str, str] = {
 }
 
 
-# What `pip install 'connect-coordinator[report]'` adds; nothing else needs them.
+# What `pip install '.[report]'` adds; nothing else needs them.
 REPORT_MODULES = frozenset({"pyspark", "pyarrow", "pandas", "matplotlib"})
-REPORT_INSTALL = "pip install 'connect-coordinator[report]'"
+REPORT_INSTALL = "pip install '.[report]'"
 
 
 def _version() -> str:
@@ -147,6 +151,12 @@ def main(argv: list[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 141  # what a shell reports for a program ended by SIGPIPE
+    except (KeyboardInterrupt, BaseExceptionGroup) as raised:
+        # Ctrl-C where a command has nothing to save: quiet, with a shell's status for it.
+        if not _only_interrupts(raised):
+            raise
+        print("connect-coordinator: interrupted", file=sys.stderr)
+        return 130
     except ModuleNotFoundError as error:
         missing = (error.name or "").partition(".")[0]
         if missing not in REPORT_MODULES:
@@ -157,6 +167,12 @@ def main(argv: list[str] | None = None) -> int:
               f"{REPORT_INSTALL}", file=sys.stderr)
         return 2
     return status
+
+
+def _only_interrupts(error: BaseException) -> bool:
+    if isinstance(error, BaseExceptionGroup):
+        return all(_only_interrupts(inner) for inner in error.exceptions)
+    return isinstance(error, KeyboardInterrupt)
 
 
 def _main(argv: list[str] | None = None) -> int:
@@ -232,15 +248,11 @@ def _serve(args: argparse.Namespace, instruments: Sequence[Any] = ()) -> int:
             raise ConfigError(f"group.connect.server.assignors: {error}") from None
         listen = parse_address(args.listen)
         admin = parse_address(args.admin_listen)
-        if not args.in_memory:
-            args.data_dir.mkdir(parents=True, exist_ok=True)
     except (ConfigError, ValueError) as error:
         print(f"connect-coordinator: {error}", file=sys.stderr)
         return 2
-    except OSError as error:
-        print(f"connect-coordinator: cannot use --data-dir {args.data_dir}: {error}",
-              file=sys.stderr)
-        return 2
+    # The data directory is made by the server once both listeners are open: a start
+    # refused for a port in use leaves nothing behind.
 
     async def serve_until_signalled() -> None:
         async with trio.open_nursery() as nursery:
@@ -285,9 +297,6 @@ class CommandError(Exception):
         self.status = status
 
 
-# An HTTP server's answer starts with "HTTP/1.1 ...": read as a Kafka frame's 4-byte size
-# prefix that is 1,213,486,160 bytes.
-HTTP_AS_FRAME_SIZE = int.from_bytes(b"HTTP", "big")
 DESCRIBE_TIMEOUT_S = 30.0
 
 
@@ -304,7 +313,16 @@ def _describe(args: argparse.Namespace) -> int:
     groups = list(args.groups)
     try:
         if not groups:
-            groups = _list_groups(args.admin or f"http://{host}:19093")
+            admin = args.admin or f"http://{host}:19093"
+            groups = _list_groups(admin)
+            if not groups:
+                trio.run(_describe_groups, host, port, [])  # is --bootstrap a coordinator?
+                if args.json:
+                    print("[]")
+                else:
+                    print(f"no groups on the coordinator at {admin} (a group appears when a "
+                          "worker joins it or its connectors or config are set)")
+                return 0
         described = trio.run(_describe_groups, host, port, groups)
     except CommandError as error:
         print(f"connect-coordinator: {error}", file=sys.stderr)
@@ -333,41 +351,14 @@ def _list_groups(admin: str) -> list[str]:
 
 
 async def _describe_groups(host: str, port: int, groups: list[str]) -> list[dict[str, Any]]:
-    import trio
-
-    from coordinator.client import KafkaClient
-    from protocol.framing import FrameTooLarge, ProtocolError
+    from coordinator.client import Unreachable, ask_coordinator
     from protocol.messages import ConnectGroupDescribeRequest
 
-    where = f"{host}:{port}"
-    hint = "--bootstrap takes the Kafka listener (serve --listen, default 127.0.0.1:19092)"
     try:
-        client = await KafkaClient.connect(host, port)
-    except OSError as error:
-        # trio tells each address it tried in an exception group under the OSError.
-        cause: BaseException = error.__cause__ or error
-        while isinstance(cause, BaseExceptionGroup) and cause.exceptions:
-            cause = cause.exceptions[0]
-        reason = getattr(cause, "strerror", None) or str(cause)
-        raise CommandError(f"cannot connect to {where} ({reason}): is the coordinator "
-                           f"running there? {hint}") from None
-    try:
-        async with client:
-            with trio.fail_after(DESCRIBE_TIMEOUT_S):
-                response = await client.request(
-                    1003, ConnectGroupDescribeRequest(group_ids=tuple(groups)), api_version=1)
-    except trio.TooSlowError:
-        raise CommandError(f"no answer from {where} within {DESCRIBE_TIMEOUT_S:g} s: is it "
-                           f"a coordinator? {hint}") from None
-    except FrameTooLarge as error:
-        if error.size == HTTP_AS_FRAME_SIZE:
-            raise CommandError(f"{where} answered in HTTP: that looks like the admin HTTP "
-                               f"port, not the Kafka port; {hint}") from None
-        raise CommandError(f"{where} does not speak the Kafka protocol ({error}); "
-                           f"{hint}") from None
-    except (OSError, ProtocolError) as error:
-        raise CommandError(f"{where} broke off the request ({error}): is it a coordinator? "
-                           f"{hint}") from None
+        response = await ask_coordinator(
+            host, port, ConnectGroupDescribeRequest(group_ids=tuple(groups)), DESCRIBE_TIMEOUT_S)
+    except Unreachable as error:
+        raise CommandError(str(error)) from None
     return [_group_json(group) for group in response.groups]
 
 

@@ -73,3 +73,55 @@ class KafkaClient:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
+
+
+# ------------------------------------------------------------------- reaching a coordinator
+BOOTSTRAP_HINT = "--bootstrap takes the Kafka listener (serve --listen, default 127.0.0.1:19092)"
+# An HTTP server's answer starts with "HTTP/1.1 ...": read as a Kafka frame's 4-byte size
+# prefix that is 1,213,486,160 bytes.
+HTTP_AS_FRAME_SIZE = int.from_bytes(b"HTTP", "big")
+CONNECT_GROUP_DESCRIBE = 1003
+
+
+class Unreachable(Exception):
+    """No coordinator answered at an address: the message is one line naming the cause."""
+
+
+async def ask_coordinator(host: str, port: int, body: Any, timeout_s: float,
+                          hint: str = BOOTSTRAP_HINT) -> Any:
+    """Sends one ConnectGroupDescribe (`body`) on a connection of its own and returns the
+    answer. Only this coordinator answers that API: a refused connection, silence, an HTTP
+    server or a Kafka broker each end in `Unreachable`, naming what was found there."""
+    from protocol.framing import FrameTooLarge, ProtocolError
+
+    where = f"{host}:{port}"
+    try:
+        with trio.fail_after(timeout_s):
+            client = await KafkaClient.connect(host, port)
+    except trio.TooSlowError:
+        raise Unreachable(f"cannot connect to {where} (no answer within {timeout_s:g} s): "
+                          f"is the coordinator running there? {hint}") from None
+    except OSError as error:
+        # trio tells each address it tried in an exception group under the OSError.
+        cause: BaseException = error.__cause__ or error
+        while isinstance(cause, BaseExceptionGroup) and cause.exceptions:
+            cause = cause.exceptions[0]
+        reason = getattr(cause, "strerror", None) or str(cause)
+        raise Unreachable(f"cannot connect to {where} ({reason}): is the coordinator "
+                          f"running there? {hint}") from None
+    try:
+        async with client:
+            with trio.fail_after(timeout_s):
+                return await client.request(CONNECT_GROUP_DESCRIBE, body, api_version=1)
+    except trio.TooSlowError:
+        raise Unreachable(f"no answer from {where} within {timeout_s:g} s: is it "
+                          f"a coordinator? {hint}") from None
+    except FrameTooLarge as error:
+        if error.size == HTTP_AS_FRAME_SIZE:
+            raise Unreachable(f"{where} answered in HTTP: that looks like the admin HTTP "
+                              f"port, not the Kafka port; {hint}") from None
+        raise Unreachable(f"{where} does not speak the Kafka protocol ({error}); "
+                          f"{hint}") from None
+    except (OSError, ProtocolError) as error:
+        raise Unreachable(f"{where} broke off the request ({error}): is it a coordinator? "
+                          f"{hint}") from None

@@ -198,13 +198,23 @@ def _flatten(table: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
+def unknown_key_message(kind: str, key: str, known: Iterable[str]) -> str:
+    """`unknown KIND 'KEY'`, the closest known key when one is near (a typo), then them all."""
+    import difflib
+
+    names = sorted(known)
+    close = difflib.get_close_matches(key, names, n=1, cutoff=0.8)
+    guess = f": did you mean {close[0]!r}?" if close else ""
+    return f"unknown {kind} {key!r}{guess} (known: {', '.join(names)})"
+
+
 def _parse_set(item: str) -> tuple[str, Any]:
     key, sep, raw = item.partition("=")
     key = key.strip()
     if not sep or not key:
         raise ConfigError(f"--set expects KEY=VALUE, got {item!r}")
     if key not in CONFIG_KEYS:
-        raise ConfigError(f"unknown config key {key!r} (known: {', '.join(sorted(CONFIG_KEYS))})")
+        raise ConfigError(unknown_key_message("config key", key, CONFIG_KEYS))
     field = CONFIG_KEYS[key]
     if field in ("server_assignors", "proxy_upstream"):
         return key, [name.strip() for name in raw.split(",") if name.strip()]
@@ -221,9 +231,7 @@ def build_config(values: Mapping[str, Any]) -> ServerConfig:
     """Validate a flat mapping of dotted keys into a ServerConfig."""
     unknown = sorted(set(values) - set(CONFIG_KEYS))
     if unknown:
-        raise ConfigError(
-            f"unknown config key {unknown[0]!r} (known: {', '.join(sorted(CONFIG_KEYS))})"
-        )
+        raise ConfigError(unknown_key_message("config key", unknown[0], CONFIG_KEYS))
     fields = {CONFIG_KEYS[key]: value for key, value in values.items()}
     try:
         return msgspec.convert(fields, ServerConfig)
@@ -251,6 +259,8 @@ def load_config(path: Path | None, overrides: Iterable[str] = ()) -> ServerConfi
 
 
 # Per-group overrides (admin `PUT /groups/{group}/config`). -1 / None mean "server default".
+# The group's type is set through the same body; the coordinator reads that key itself.
+GROUP_TYPE_KEY = "connect.classic.group.type"
 GROUP_CONFIG_KEYS: dict[str, str] = {
     "connect.session.timeout.ms": "session_timeout_ms",
     "connect.heartbeat.interval.ms": "heartbeat_interval_ms",
@@ -281,10 +291,8 @@ def parse_group_config(body: Mapping[str, Any], current: GroupConfig) -> GroupCo
     changes: dict[str, Any] = {}
     for key, value in body.items():
         if key not in GROUP_CONFIG_KEYS:
-            raise ConfigError(
-                f"unknown group config key {key!r} "
-                f"(known: {', '.join(sorted(GROUP_CONFIG_KEYS))})"
-            )
+            raise ConfigError(unknown_key_message(
+                "group config key", key, [*GROUP_CONFIG_KEYS, GROUP_TYPE_KEY]))
         field = GROUP_CONFIG_KEYS[key]
         if field == "assignor_offload_enable":
             if value is not None and not isinstance(value, bool):

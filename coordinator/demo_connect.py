@@ -11,6 +11,7 @@ until Ctrl-C (or stops at once with --no-wait). Everything lives in --dir (defau
 from __future__ import annotations
 
 import argparse
+import shlex
 import shutil
 import signal
 import sys
@@ -36,6 +37,15 @@ GROUP = "connect-demo"
 TOPIC = "demo-verifiable"
 
 
+def _command() -> str:
+    """The full path of the `connect-coordinator` command next to this Python: a checkout's
+    `.venv/bin` is not on PATH."""
+    script = Path(sys.executable).parent / "connect-coordinator"
+    if script.exists():
+        return shlex.quote(str(script))
+    return f"{shlex.quote(sys.executable)} -m coordinator.cli"
+
+
 def _print_where_to_look(coordinator: Any, workers: list[Any], broker: Any, root: Path,
                          owned: bool) -> None:
     urls = "\n".join(f"    {worker.url}   log: {worker.process.log_path}   "
@@ -58,7 +68,7 @@ Where to look:
   curl -s {coordinator.admin_url}/proxy                   # broker -> local port mapping
   curl -s {coordinator.admin_url}/metrics | grep proxy_   # forwarded requests and bytes
   curl -s {coordinator.admin_url}/groups                  # groups this coordinator owns
-  connect-coordinator describe --bootstrap {coordinator.bootstrap} --admin \
+  {_command()} describe --bootstrap {coordinator.bootstrap} --admin \
 {coordinator.admin_url}
   tail -f {workers[0].process.stdout_path}   # VerifiableSource/Sink JSON lines
 
@@ -70,10 +80,12 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dir", type=Path, default=Path("run/demo-connect"),
                         help="where the processes keep their files (emptied first)")
-    parser.add_argument("--owned", action="store_true",
-                        help=f"let the coordinator own the workers' group ({GROUP}) instead "
-                             "of forwarding it to the broker; needs the classic group "
-                             "protocol in the coordinator")
+    owner = parser.add_mutually_exclusive_group()
+    owner.add_argument("--owned", dest="owned", action="store_true", default=True,
+                       help=f"the coordinator owns the workers' group ({GROUP}); the default")
+    owner.add_argument("--forwarded", dest="owned", action="store_false",
+                       help="forward the workers' group to the broker's own coordinator "
+                            "instead (the coordinator only proxies)")
     parser.add_argument("--no-wait", action="store_true",
                         help="stop everything once the tasks run (a check of the demo)")
     args = parser.parse_args(argv)
@@ -86,34 +98,51 @@ def main(argv: list[str] | None = None) -> int:
     root = args.dir.resolve()
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    with stopping([]) as started:
-        print("starting the Kafka broker ...", flush=True)
-        broker = start_broker(root / "broker")
-        started.append(broker)
-        owned = GROUP if args.owned else "owned-.*"
-        print("starting the coordinator in proxy mode ...", flush=True)
-        coordinator = start_coordinator(root / "coordinator", broker.bootstrap, owned)
-        started.append(coordinator)
-        print("starting three Connect workers ...", flush=True)
-        workers = start_workers(root, 3, coordinator.bootstrap, GROUP, started)
-        print("creating a VerifiableSource (6 tasks) and a VerifiableSink ...", flush=True)
-        workers[0].rest("POST", "/connectors", {"name": "source", "config": {
-            "connector.class": VERIFIABLE_SOURCE, "tasks.max": "6", "topic": TOPIC,
-            "throughput": "10"}})
-        workers[0].rest("POST", "/connectors", {"name": "sink", "config": {
-            "connector.class": VERIFIABLE_SINK, "tasks.max": "2", "topics": TOPIC}})
-        wait_for(lambda: all_running(workers[0], "source", 6), 180,
-                 "the source's 6 tasks to run")
-        wait_for(lambda: all_running(workers[0], "sink", 2), 180, "the sink's tasks to run")
-        _print_where_to_look(coordinator, workers, broker, root, args.owned)
-        if not args.no_wait:
-            while not stop.wait(1.0):
-                pass
+    # Ctrl-C (or SIGTERM) at any moment, start-up included, ends the demo; the processes
+    # run in sessions of their own and are stopped here, workers first.
+    signal.signal(signal.SIGTERM, _interrupt)
+    started: list[Any] = []
+    interrupted = False
+    try:
+        _run(root, args.owned, args.no_wait, started)
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        # A second Ctrl-C must not cut the stopping short and leave a JVM behind.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         print("stopping ...", flush=True)
-    return 0
+        with stopping(started):
+            pass
+    return 130 if interrupted else 0
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def _run(root: Path, owned: bool, no_wait: bool, started: list[Any]) -> None:
+    print("starting the Kafka broker ...", flush=True)
+    broker = start_broker(root / "broker")
+    started.append(broker)
+    print("starting the coordinator in proxy mode ...", flush=True)
+    coordinator = start_coordinator(root / "coordinator", broker.bootstrap,
+                                    GROUP if owned else "owned-.*")
+    started.append(coordinator)
+    print("starting three Connect workers ...", flush=True)
+    workers = start_workers(root, 3, coordinator.bootstrap, GROUP, started)
+    print("creating a VerifiableSource (6 tasks) and a VerifiableSink ...", flush=True)
+    workers[0].rest("POST", "/connectors", {"name": "source", "config": {
+        "connector.class": VERIFIABLE_SOURCE, "tasks.max": "6", "topic": TOPIC,
+        "throughput": "10"}})
+    workers[0].rest("POST", "/connectors", {"name": "sink", "config": {
+        "connector.class": VERIFIABLE_SINK, "tasks.max": "2", "topics": TOPIC}})
+    wait_for(lambda: all_running(workers[0], "source", 6), 180,
+             "the source's 6 tasks to run")
+    wait_for(lambda: all_running(workers[0], "sink", 2), 180, "the sink's tasks to run")
+    _print_where_to_look(coordinator, workers, broker, root, owned)
+    if not no_wait:
+        threading.Event().wait()  # until Ctrl-C
 
 
 if __name__ == "__main__":

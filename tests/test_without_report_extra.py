@@ -117,7 +117,7 @@ def test_report_without_the_extra_says_what_to_install(tmp_path: Path) -> None:
         assert result.returncode == 2, (args, result.stderr)
         lines = result.stderr.splitlines()
         assert len(lines) == 1, (args, result.stderr)
-        assert "pip install 'connect-coordinator[report]'" in lines[0], lines[0]
+        assert "pip install '.[report]'" in lines[0], lines[0]
         assert "is not installed" in lines[0]
 
 

@@ -144,21 +144,52 @@ def make_headline(facts: RunFacts) -> Headline:
         notes = list(projection.notes) if projection else []
         return Headline("no_data", f"{ran}, steadily; the capacity projection could not be "
                         "made: " + ("; ".join(notes) or "not enough data") + ".", notes)
-    limit = projection.limited_by
     aside = [f"outside the steady part: {reason}" for reason in unusual]
-    if projection.max_members < members:
-        budget = (f"heartbeat p99 {facts.heartbeat_p99_ms:,.2f} ms is above the "
-                  f"{projection.p99_limit_ms:g} ms budget" if limit == "p99 latency" else
-                  f"CPU use {projection.cpu_cores_now or 0:,.2f} cores is above the "
-                  f"{projection.cpu_limit_cores:g} core budget")
-        return Headline("over_budget", f"{ran}, steadily, but its {budget}: no headroom "
-                        "under that budget (see --p99-limit-ms and --cpu-limit).", aside)
+    over = over_budget(projection)
+    if over:
+        return Headline("over_budget", f"{ran}, steadily, but its {' and '.join(over)}: no "
+                        "headroom under that budget (see --p99-limit-ms and --cpu-limit).",
+                        aside)
+    within = within_budget(projection)
     fit = math.floor(projection.max_members + 1e-9)
+    if fit <= members:
+        # The model scales from the mean number of workers, which can be below the most
+        # that ran: a figure under what ran would be false, none is given.
+        return Headline("capacity", f"{ran}, steadily, with its {within}; the linear model "
+                        "gives no figure beyond what ran.", aside)
+    limit = LIMIT_NAMES.get(projection.limited_by, projection.limited_by)
     return Headline(
         "capacity",
-        f"{ran}, steadily (heartbeat p99 {facts.heartbeat_p99_ms or 0:,.2f} ms while no "
-        f"group rebalanced). By the linear model about {fit:,} workers fit "
-        f"({max(0, fit - math.ceil(members)):,} more than ran) under "
-        f"{projection.cpu_limit_cores:g} "
-        f"cores and a {projection.p99_limit_ms:g} ms heartbeat p99; the limit is {limit}.",
-        aside)
+        f"{ran}, steadily, with its {within} (while no group rebalanced). Scaled linearly "
+        f"from zero, at least about {fit:,} workers fit ({fit - math.ceil(members):,} more "
+        f"than ran) before {limit} reaches its budget: a lower bound, not a measured "
+        "capacity (latency does not grow in proportion to load; BENCHMARKS.md measures "
+        "what one coordinator carries).", aside)
+
+
+LIMIT_NAMES = {"cpu": "CPU use", "p99 latency": "the heartbeat p99"}
+
+
+def over_budget(projection: CapacityProjection) -> list[str]:
+    """Each figure the model scaled from that is above its budget, as a true comparison."""
+    over = []
+    p99 = projection.p99_now_ms
+    if p99 is not None and p99 > projection.p99_limit_ms:
+        over.append(f"heartbeat p99 {p99:,.2f} ms is above the "
+                    f"{projection.p99_limit_ms:g} ms budget")
+    cores = projection.cpu_cores_now
+    if cores is not None and cores > projection.cpu_limit_cores:
+        over.append(f"CPU use {cores:,.2f} cores is above the "
+                    f"{projection.cpu_limit_cores:g} core budget")
+    return over
+
+
+def within_budget(projection: CapacityProjection) -> str:
+    parts = []
+    if projection.p99_now_ms is not None:
+        parts.append(f"heartbeat p99 {projection.p99_now_ms:,.2f} ms within the "
+                     f"{projection.p99_limit_ms:g} ms budget")
+    if projection.cpu_cores_now is not None:
+        parts.append(f"CPU use {projection.cpu_cores_now:,.2f} cores within the "
+                     f"{projection.cpu_limit_cores:g} core budget")
+    return " and ".join(parts)

@@ -9,6 +9,7 @@ quantiles and the capacity projection (``figures``) and writes HTML, PNG, CSV an
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from collections import defaultdict
@@ -193,13 +194,47 @@ def parse_args(argv: Sequence[str] | None) -> Options:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point; returns the exit status (0 ok, 2 unusable input)."""
+    """Entry point; returns the exit status (0 ok, 2 unusable input, 130 Ctrl-C)."""
     options = parse_args(argv)
+    import signal
+    import threading
+
+    from coordinator.processes import stop_descendants
+
+    interrupted = False
+
+    def on_interrupt(signum: int, frame: Any) -> None:
+        nonlocal interrupted
+        if interrupted:
+            return
+        interrupted = True
+        # Spark's JVM ignores SIGINT (PySpark starts it so): it is ended here, before the
+        # Python side unwinds, so that it neither stays behind nor prints a Java stack.
+        stop_descendants()
+        raise KeyboardInterrupt
+
+    if threading.current_thread() is not threading.main_thread():
+        return _run(options, lambda: False)  # a caller's thread: Ctrl-C is the caller's
+    previous = signal.signal(signal.SIGINT, on_interrupt)
+    try:
+        return _run(options, lambda: interrupted)
+    except BaseException:
+        if not interrupted:
+            raise
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if interrupted:
+            stop_descendants()
+    print("connect-coordinator report: interrupted; no report written", file=sys.stderr)
+    return 130
+
+
+def _run(options: Options, interrupted: Callable[[], bool]) -> int:
     try:
         from pyspark.sql import SparkSession
     except ImportError:
         print("connect-coordinator report: error: pyspark is not installed: "
-              "pip install 'connect-coordinator[report]'", file=sys.stderr)
+              "pip install '.[report]'", file=sys.stderr)
         return 2
     from coordinator.report.aggregate import InputError
 
@@ -239,7 +274,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"connect-coordinator report: error: {error}", file=sys.stderr)
         return 2
     finally:
-        if owned:
+        if owned and not interrupted():  # (its JVM was ended already)
             spark.stop()
     print(f"[report] written to {options.out / 'index.html'}", file=sys.stderr)
     return 0
@@ -665,7 +700,10 @@ class FigureBuilder:
         )
         self.projection = projection
         reason = "; ".join(projection.notes) or "not enough data"
-        self.add(present("capacity: max members", projection.max_members, "members",
+        # Whole workers, as the headline counts them.
+        fit = (None if projection.max_members is None
+               else math.floor(projection.max_members + 1e-9))
+        self.add(present("capacity: max members", fit, "members",
                          missing_reason=reason, note=f"limited by {projection.limited_by}"))
         self.add(present("capacity: additional workers", projection.additional_workers,
                          "workers", missing_reason=reason))

@@ -41,6 +41,14 @@ ROWS_PER_FILE = 200_000
 class RecorderError(Exception):
     """A problem worth a one-line message and exit status 2 (bad input, server refused)."""
 
+    status = 2
+
+
+class NothingThere(RecorderError):
+    """The first scrape found no coordinator: nothing was recorded (exit status 1)."""
+
+    status = 1
+
 
 def log(message: str) -> None:
     print(f"[metrics record] {message}", file=sys.stderr, flush=True)
@@ -135,6 +143,22 @@ def fetch_text(url: str, timeout: float) -> str:
         return body.decode(charset)
 
 
+def _first_scrape_failed(url: str, error: Exception) -> str:
+    hint = ("--url takes the coordinator's admin HTTP listener (serve --admin-listen, "
+            "default http://127.0.0.1:19093)")
+    if isinstance(error, urllib.error.HTTPError):
+        error.close()  # it holds the response open
+        return f"{url} answered HTTP {error.code}: is it a coordinator? {hint}"
+    if isinstance(error, (http.client.BadStatusLine, ConnectionResetError)):
+        return (f"{url} did not answer in HTTP: that looks like the Kafka port, not the "
+                f"admin port; {hint}")
+    if isinstance(error, ValueError):
+        return f"{url} did not answer Prometheus text ({error}): is it a coordinator? {hint}"
+    reason = getattr(error, "reason", None) or error
+    reason = getattr(reason, "strerror", None) or reason
+    return f"cannot reach {url} ({reason}): is the coordinator running there? {hint}"
+
+
 def record_scrapes(url: str, interval: float, duration: float, sink: ParquetSink,
                    flush_every: float, timeout: float) -> tuple[int, int]:
     """Scrape until ``duration`` has passed; returns (successful, failed) scrape counts."""
@@ -162,6 +186,9 @@ def record_scrapes(url: str, interval: float, duration: float, sink: ParquetSink
             log("interrupted; writing what was recorded")
             break
         except (OSError, http.client.HTTPException) as error:
+            if scrape_index == 1:
+                # Nothing recorded yet: a wrong --url, not a coordinator restarting.
+                raise NothingThere(_first_scrape_failed(url, error)) from None
             failed += 1
             if isinstance(error, urllib.error.HTTPError):
                 error.close()  # it holds the response open
@@ -169,6 +196,8 @@ def record_scrapes(url: str, interval: float, duration: float, sink: ParquetSink
             log(f"scrape {scrape_index} of {url} failed: {reason}; continuing")
             continue
         except ValueError as error:
+            if scrape_index == 1:
+                raise NothingThere(_first_scrape_failed(url, error)) from None
             failed += 1
             log(f"scrape {scrape_index}: {url} did not answer Prometheus text: {error}")
             continue
@@ -441,7 +470,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RecorderError as error:
         sink.flush()
         print(f"connect-coordinator metrics record: error: {error}", file=sys.stderr)
-        return 2
+        return error.status
 
 
 if __name__ == "__main__":

@@ -81,7 +81,8 @@ def _listen_error(error: OSError, name: str, option: str, address: tuple[str, in
     where = f"{address[0]}:{address[1]}"
     if error.errno == errno.EADDRINUSE:
         why = (f"address already in use: another program (another coordinator?) listens "
-               f"there; stop it or pick another port with {option}")
+               f"there; stop it or pick another port with {option} "
+               f"(make run ARGS='{option} {address[0]}:PORT')")
     elif error.errno == errno.EADDRNOTAVAIL:
         why = f"no interface of this machine has that address; fix the host in {option}"
     elif error.errno == errno.EACCES:

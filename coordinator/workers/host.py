@@ -17,6 +17,7 @@ from __future__ import annotations
 import itertools
 import json
 import random
+import signal
 import subprocess
 import sys
 import time
@@ -489,6 +490,9 @@ def main() -> None:
 
     # stdout carries the answers to the parent: the workers' logs go to stderr.
     configure_logging("warning", json=True)
+    # A terminal's Ctrl-C reaches this process too: the parent decides, and ends this one
+    # by closing its stdin (or this one ends at EOF when the parent is gone).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     trio.run(_serve_parent, json.loads(sys.argv[1]))
 
 

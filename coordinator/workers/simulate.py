@@ -11,25 +11,29 @@ report.
 from __future__ import annotations
 
 import argparse
+import http.client
 import inspect
 import json
 import math
 import os
 import random
+import signal
 import sys
 import time
 import urllib.error
 import urllib.request
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import trio
 
+from coordinator.client import Unreachable, ask_coordinator
 from coordinator.units import CONNECTOR, Unit, format_unit
 from coordinator.urls import open_url
 from coordinator.workers.host import RemoteHost, Traffic, WorkerHost, WorkerSpec, unit_of
+from protocol.messages import ConnectGroupDescribeRequest
 
 PROG = "connect-coordinator simulate"
 CHAOS_KINDS = ("kill", "bounce", "pause", "drop", "rolling", "restart", "upgrade", "downgrade")
@@ -120,6 +124,10 @@ def parse_chaos(spec: str | None, can_restart: bool, mixed_group: bool = False) 
     return ChaosPlan(tuple(kinds), share)
 
 
+# The live status line's heartbeats/s: over this many seconds of the run.
+RATE_WINDOW_S = 10.0
+
+
 # ------------------------------------------------------------------------------ admin API
 class Admin:
     """The coordinator's admin HTTP API (blocking urllib calls, run in a thread)."""
@@ -164,20 +172,34 @@ class Admin:
             return None
         return answer if status == 200 and isinstance(answer, dict) else None
 
-    async def wait_ready(self, timeout_s: float) -> None:
-        deadline = trio.current_time() + timeout_s
+    async def wait_ready(self, timeout_s: float, unreachable_s: float = 5.0) -> None:
+        """Waits while the coordinator loads its log (/readyz says 503); nobody listening
+        for `unreachable_s`, or something that does not answer in HTTP, ends the run."""
+        hint = ("--admin takes the coordinator's admin HTTP listener (serve --admin-listen, "
+                "default http://127.0.0.1:19093)")
+        started = trio.current_time()
         last = "no answer"
-        while trio.current_time() < deadline:
+        while trio.current_time() < started + timeout_s:
             try:
                 status, answer = await self.call("GET", "/readyz")
                 if status == 200:
                     return
                 last = f"HTTP {status} {answer}"
+            except (http.client.BadStatusLine, ConnectionResetError) as error:
+                # A Kafka listener closes the connection on an HTTP request.
+                raise SimulationError(
+                    f"{self.base_url} did not answer in HTTP ({error or type(error).__name__}):"
+                    f" that looks like the Kafka port, not the admin port; {hint}") from None
             except (OSError, ValueError) as error:
-                last = str(error)
+                reason = getattr(error, "reason", None) or error
+                reason = getattr(reason, "strerror", None) or reason
+                if trio.current_time() >= started + unreachable_s:
+                    raise SimulationError(f"cannot reach {self.base_url} ({reason}): is the "
+                                          f"coordinator running there? {hint}") from None
+                last = str(reason)
             await trio.sleep(0.2)
         raise SimulationError(f"the coordinator's admin API {self.base_url} was not ready "
-                              f"within {timeout_s:.0f} s ({last})")
+                              f"within {timeout_s:.0f} s ({last}); {hint}")
 
 
 # ------------------------------------------------------------------------------ the run
@@ -276,6 +298,7 @@ class Simulation:
         self.upgraders = self.names[:first_classic] or self.names[:1]
         self.session_timeout_ms = 10_000
         self.started_monotonic_ms = 0.0  # the same moment as `started`, on the shared clock
+        self.interrupted = False  # by Ctrl-C: the report covers the run up to then
 
     def elapsed(self) -> float:
         return trio.current_time() - self.started
@@ -283,7 +306,13 @@ class Simulation:
     # -------------------------------------------------------------- set-up
     async def prepare(self) -> WorkerSpec:
         options = self.options
+        # Both listeners are checked before anything is created in the group.
         await self.admin.wait_ready(30)
+        try:
+            await ask_coordinator(options.host, options.port,
+                                  ConnectGroupDescribeRequest(group_ids=()), 10.0)
+        except Unreachable as error:
+            raise SimulationError(str(error)) from None
         group = options.group
         from_config_topic = options.chaos.converts
         if from_config_topic:
@@ -548,20 +577,26 @@ class Simulation:
     async def show_progress(self) -> None:
         interactive = sys.stderr.isatty()
         every = 1.0 if interactive else 5.0
-        previous = 0
+        # Workers heartbeat every few seconds, so a count per second comes in bursts: the
+        # rate is taken over the last RATE_WINDOW_S of snapshots.
+        counts: deque[tuple[float, int]] = deque()
         while True:
             await trio.sleep(every)
             snap = self.last
             if snap is None or not self.options.progress:
                 continue
             running = sum(1 for unit in snap.running if unit in self.unit_names)
-            rate = (snap.traffic.heartbeats - previous) / every
-            previous = snap.traffic.heartbeats
+            if not counts or counts[-1][0] != self.last_at:
+                counts.append((self.last_at, snap.traffic.heartbeats))
+            while len(counts) > 2 and counts[-1][0] - counts[1][0] >= RATE_WINDOW_S:
+                counts.popleft()
+            (first_at, first), (last_at, last) = counts[0], counts[-1]
+            rate = (last - first) / (last_at - first_at) if last_at > first_at else 0.0
             line = (f"[{self.elapsed():6.1f}s] group {snap.state or '?'} epoch "
                     f"{snap.group_epoch if snap.group_epoch is not None else '?'}, "
                     f"{snap.members} members, {running}/{len(self.units)} units running, "
                     f"{len(snap.doubled())} doubled, {len(self.disruptions)} disruptions, "
-                    f"{rate:.0f} heartbeats/s, {sum(snap.traffic.errors.values())} errors")
+                    f"{rate:.1f} heartbeats/s, {sum(snap.traffic.errors.values())} errors")
             if interactive:
                 print("\r\x1b[K" + line, file=sys.stderr, end="", flush=True)
             else:
@@ -587,24 +622,34 @@ class Simulation:
                      f"{'es' if options.processes > 1 else ''}), {len(self.units)} units, "
                      f"assignor {options.assignor}, chaos "
                      f"{','.join(options.chaos.kinds) or 'none'}")
-            for name in self.names:
-                await self.host_of[name].start(name)
+            # Ctrl-C ends the run's middle, not the run: the workers still stop and the
+            # report still tells what ran (marked interrupted); a second Ctrl-C ends it all.
+            running = trio.CancelScope()
+            await nursery.start(self._interrupt_on_sigint, running)
             watchers = trio.CancelScope()
+            settled: float | None = None
+            with running:
+                for name in self.names:
+                    await self.host_of[name].start(name)
 
-            async def watch() -> None:
-                with watchers:
-                    async with trio.open_nursery() as inner:
-                        inner.start_soon(self.show_progress)
-                        inner.start_soon(self.poll)
+                async def watch() -> None:
+                    with watchers:
+                        async with trio.open_nursery() as inner:
+                            inner.start_soon(self.show_progress)
+                            inner.start_soon(self.poll)
 
-            nursery.start_soon(watch)
-            self.initial_convergence_s = await self.wait_converged(self.converge_timeout_s())
-            self.say("converged" if self.initial_convergence_s is not None
-                     else "the group did NOT converge after the workers joined")
-            await self.chaos_loop(self.started + options.duration_s)
-            settled = await self.wait_converged(self.converge_timeout_s())
-            final = self.last
+                nursery.start_soon(watch)
+                self.initial_convergence_s = await self.wait_converged(
+                    self.converge_timeout_s())
+                self.say("converged" if self.initial_convergence_s is not None
+                         else "the group did NOT converge after the workers joined")
+                await self.chaos_loop(self.started + options.duration_s)
+                settled = await self.wait_converged(self.converge_timeout_s())
             watchers.cancel()
+            if self.interrupted:
+                self.say("interrupted: stopping the workers")
+                await self.snapshot()
+            final = self.last
             if sys.stderr.isatty() and options.progress:
                 print(file=sys.stderr)
             for host in self.hosts:
@@ -618,12 +663,24 @@ class Simulation:
         assert final is not None
         return self.report(final, settled is not None, runs)
 
+    async def _interrupt_on_sigint(self, running: trio.CancelScope,
+                                   task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+                                   ) -> None:
+        with trio.open_signal_receiver(signal.SIGINT) as signals:
+            task_status.started()
+            async for _ in signals:
+                if self.interrupted:
+                    raise KeyboardInterrupt
+                self.interrupted = True
+                running.cancel()
+
     def report(self, final: Snapshot, converged: bool,
                runs: list[dict[str, Any]]) -> dict[str, Any]:
         options = self.options
         violations = find_violations(runs, self.started_monotonic_ms)
         ttc = [d.time_to_converge_s for d in self.disruptions]
         return {
+            "interrupted": self.interrupted,
             "violations": violations,
             "converged": converged,
             "disruptions": [d.to_json() for d in self.disruptions],
@@ -834,7 +891,9 @@ def options_from(args: argparse.Namespace) -> Options:
 
 def summary(report: dict[str, Any]) -> list[str]:
     ttc = [t for t in report["time_to_converge_s"] if t is not None]
-    lines = [
+    lines = [f"interrupted after {report['elapsed_s']:.1f} s: what ran until then"
+             ] if report.get("interrupted") else []
+    lines += [
         f"violations: {len(report['violations'])}",
         f"converged: {report['converged']}",
         f"disruptions: {len(report['disruptions'])} ("
@@ -880,18 +939,30 @@ def main(argv: list[str] | None = None) -> int:
     simulation = Simulation(options)
     try:
         report = trio.run(simulation.run)
-    except SimulationError as error:
-        print(f"{PROG}: {error}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print(f"{PROG}: interrupted", file=sys.stderr)
-        return 130
+    except BaseException as raised:  # noqa: B036 - trio's groups hold what the run raised
+        leaves = _leaves(raised)
+        failure = next((leaf for leaf in leaves if isinstance(leaf, SimulationError)), None)
+        if failure is not None:
+            print(f"{PROG}: {failure}", file=sys.stderr)
+            return 1
+        if leaves and all(isinstance(leaf, KeyboardInterrupt) for leaf in leaves):
+            print(f"{PROG}: interrupted", file=sys.stderr)
+            return 130
+        raise
     if options.report is not None:
         options.report.parent.mkdir(parents=True, exist_ok=True)
         options.report.write_text(json.dumps(report, indent=2) + "\n")
     for line in summary(report):
         print(line)
+    if report["interrupted"]:
+        return 130
     return 0 if passed(report) else 1
+
+
+def _leaves(error: BaseException) -> list[BaseException]:
+    if isinstance(error, BaseExceptionGroup):
+        return [leaf for inner in error.exceptions for leaf in _leaves(inner)]
+    return [error]
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@ long enough to measure, and never a maximum below what ran."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from coordinator.report.figures import project_capacity
@@ -28,8 +29,8 @@ def test_a_steady_run_gets_a_capacity_figure() -> None:
     assert headline.kind == "capacity"
     # 10 members at p99 1 ms under 5 ms: 50 by latency; 0.005 cores each under 0.8: 160
     assert "10 workers ran for 120 s" in headline.text
-    assert "about 50 workers fit (40 more than ran)" in headline.text
-    assert "p99 latency" in headline.text
+    assert "at least about 50 workers fit (40 more than ran)" in headline.text
+    assert "before the heartbeat p99 reaches its budget: a lower bound" in headline.text
 
 
 def test_a_chaos_run_gets_no_capacity_figure_and_says_why() -> None:
@@ -91,3 +92,60 @@ def test_rebalances_outside_a_long_enough_steady_part_leave_the_figure() -> None
     headline = make_headline(too_little)
     assert headline.kind == "disturbed"
     assert "no group was rebalancing for 20 s of the 120 s recorded" in headline.reasons[-1]
+
+
+def projected(*, members_ran: float, members_scaled: float, p99_ms: float,
+              cores: float) -> RunFacts:
+    """A steady run whose model scaled from `members_scaled` (the mean) while at most
+    `members_ran` workers ran."""
+    projection = project_capacity(members_now=members_scaled, cpu_cores_now=cores,
+                                  heartbeats_per_second=members_scaled / 3, p99_now_ms=p99_ms,
+                                  average_group_size=members_scaled)
+    return RunFacts(window_seconds=120, scrapes=40, members_max=members_ran,
+                    heartbeats_per_second=members_ran / 3, heartbeat_p99_ms=p99_ms,
+                    rebalances_by_trigger={"member_joined": members_ran},
+                    projection=projection)
+
+
+def comparisons_hold(text: str) -> None:
+    """Every "X ... is above the Y ... budget" in the text is true."""
+    for found in re.finditer(r"([\d.,]+) (?:ms|cores) is above the ([\d.,]+) (?:ms|core)",
+                             text):
+        assert float(found.group(1)) > float(found.group(2)), text
+
+
+def test_the_headline_names_the_cause_that_is_over_its_budget() -> None:
+    cases = {  # (p99 ms, cores): what the headline must blame, and must not
+        (8.0, 0.05): ("heartbeat p99 8.00 ms is above the 5 ms budget", "CPU use"),
+        (2.10, 1.20): ("CPU use 1.20 cores is above the 0.8 core budget", "p99 2.10 ms is"),
+        (8.0, 1.20): ("heartbeat p99 8.00 ms is above the 5 ms budget and CPU use 1.20 "
+                      "cores is above the 0.8 core budget", "no such text"),
+    }
+    for (p99_ms, cores), (blamed, innocent) in cases.items():
+        headline = make_headline(projected(members_ran=6, members_scaled=6, p99_ms=p99_ms,
+                                           cores=cores))
+        assert headline.kind == "over_budget", headline.text
+        assert blamed in headline.text and innocent not in headline.text, headline.text
+        comparisons_hold(headline.text)
+
+
+def test_the_headline_names_the_limit_a_capacity_figure_reaches_first() -> None:
+    by_latency = make_headline(projected(members_ran=10, members_scaled=10, p99_ms=1.0,
+                                         cores=0.01))
+    assert "before the heartbeat p99 reaches its budget" in by_latency.text
+    by_cpu = make_headline(projected(members_ran=10, members_scaled=10, p99_ms=0.1,
+                                     cores=0.4))
+    assert "at least about 20 workers fit" in by_cpu.text
+    assert "before CPU use reaches its budget" in by_cpu.text
+    for headline in (by_latency, by_cpu):
+        assert "lower bound" in headline.text and "BENCHMARKS.md" in headline.text
+
+
+def test_within_budget_is_never_called_over_it() -> None:
+    # 6 workers at most, 2.5 on average: scaled from the mean, 2.5 * 5 / 2.10 = 5.95 < 6,
+    # though 2.10 ms is well under the 5 ms budget.
+    headline = make_headline(projected(members_ran=6, members_scaled=2.5, p99_ms=2.10,
+                                       cores=0.05))
+    assert "above" not in headline.text, headline.text
+    assert "heartbeat p99 2.10 ms within the 5 ms budget" in headline.text
+    assert "fit" not in headline.text  # no maximum at or below the 6 that ran

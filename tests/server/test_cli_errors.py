@@ -210,3 +210,132 @@ async def test_deleting_an_unknown_connector_names_it(server: ServerHandle) -> N
     # an unknown group is still the group that is not found
     status_code, missing = await http(server, "DELETE", "/groups/nope/connectors/absent")
     assert status_code == 404 and missing["error"] == "GROUP_ID_NOT_FOUND"
+
+
+async def groups_on(server: ServerHandle) -> list[str]:
+    status, body = await http(server, "GET", "/groups")
+    assert status == 200, body
+    return [group["group_id"] for group in body["groups"]]
+
+
+@pytest.mark.parametrize("where", ["closed", "admin"])
+async def test_simulate_against_a_wrong_bootstrap_says_so_and_creates_nothing(
+        server: ServerHandle, where: str) -> None:
+    port = free_port() if where == "closed" else server.admin_port
+    result = await run_cli("simulate", "--bootstrap", f"127.0.0.1:{port}",
+                           "--admin", f"http://127.0.0.1:{server.admin_port}",
+                           "--group", "never-made", "--duration", "5")
+    assert result.returncode == 1, result.stderr
+    line = one_line(result.stderr)
+    expected = "refused" if where == "closed" else "admin HTTP port"
+    assert expected in line and "--bootstrap" in line, line
+    assert result.stdout == b""
+    assert "never-made" not in await groups_on(server)
+
+
+async def test_simulate_against_a_wrong_admin_url_says_so(server: ServerHandle) -> None:
+    for admin in (f"http://127.0.0.1:{free_port()}", f"http://127.0.0.1:{server.kafka_port}"):
+        result = await run_cli("simulate", "--bootstrap", f"127.0.0.1:{server.kafka_port}",
+                               "--admin", admin, "--group", "never-made", "--duration", "5")
+        assert result.returncode == 1, result.stderr
+        line = one_line(result.stderr)
+        assert admin in line and "--admin" in line, line
+    assert "never-made" not in await groups_on(server)
+
+
+async def test_metrics_record_against_a_wrong_url_says_so(
+        server: ServerHandle, tmp_path: Path) -> None:
+    for url in (f"http://127.0.0.1:{free_port()}", f"http://127.0.0.1:{server.kafka_port}"):
+        result = await run_cli("metrics", "record", "--url", url, "--interval", "1",
+                               "--duration", "30", "--out", str(tmp_path / "m"))
+        assert result.returncode == 1, result.stderr
+        # after the line that says what it would record
+        line = result.stderr.decode().splitlines()[-1]
+        assert "Traceback" not in result.stderr.decode()
+        assert url in line and "--url" in line and "scrape" not in line, line
+    assert not (tmp_path / "m").exists() or not any((tmp_path / "m").iterdir())
+
+
+async def test_a_mistyped_config_key_gets_the_near_one(tmp_path: Path) -> None:
+    result = await run_cli("serve", "--in-memory", "--listen", "127.0.0.1:0",
+                           "--admin-listen", "127.0.0.1:0",
+                           "--set", "group.connect.sesion.timeout.ms=10000")
+    assert result.returncode == 2
+    line = one_line(result.stderr)
+    assert "did you mean 'group.connect.session.timeout.ms'?" in line, line
+
+
+async def test_a_mistyped_group_config_key_gets_the_near_one_and_every_key(
+        server: ServerHandle) -> None:
+    status, body = await http(server, "PUT", "/groups/typo/config",
+                              {"connect.session.timout.ms": 10000})
+    assert status == 400, body
+    assert "did you mean 'connect.session.timeout.ms'?" in body["message"], body
+    assert "connect.classic.group.type" in body["message"], body
+    status, body = await http(server, "PUT", "/groups/typo/config",
+                              {"connect.clasic.group.type": "connect"})
+    assert status == 400 and "did you mean 'connect.classic.group.type'?" in body["message"]
+
+
+async def test_a_port_in_use_leaves_no_data_dir_and_says_how_make_run_passes_it(
+        tmp_path: Path) -> None:
+    data_dir = tmp_path / "never-made"
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = await run_cli(*serve_args(f"127.0.0.1:{port}", "127.0.0.1:0", data_dir))
+    assert result.returncode == 2
+    line = one_line(result.stderr)
+    assert "address already in use" in line and "make run ARGS='--listen 127.0.0.1:PORT'" in line
+    assert not data_dir.exists()
+
+
+async def test_describe_with_no_groups_says_so(server: ServerHandle) -> None:
+    result = await run_cli("describe", "--bootstrap", f"127.0.0.1:{server.kafka_port}",
+                           "--admin", f"http://127.0.0.1:{server.admin_port}")
+    assert result.returncode == 0, result.stderr
+    assert "no groups" in result.stdout.decode(), result.stdout
+    as_json = await run_cli("describe", "--bootstrap", f"127.0.0.1:{server.kafka_port}",
+                            "--admin", f"http://127.0.0.1:{server.admin_port}", "--json")
+    assert json.loads(as_json.stdout) == []
+
+
+def status_lines_on_a_terminal(*args: str) -> list[str]:
+    """simulate's live status lines, with its stderr a terminal (a pseudo-terminal)."""
+    import pty
+
+    leader, follower = pty.openpty()
+    process = subprocess.Popen([*CLI, *args], stdin=subprocess.DEVNULL,
+                               stdout=subprocess.PIPE, stderr=follower)
+    os.close(follower)
+    seen = b""
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # EIO: the terminal's other side is closed
+            break
+        if not chunk:
+            break
+        seen += chunk
+    os.close(leader)
+    assert process.stdout is not None
+    process.stdout.close()
+    assert process.wait(TIMEOUT_S * 3) == 0, seen.decode(errors="replace")
+    return re.split(r"[\r\n]", seen.decode(errors="replace"))
+
+
+async def test_simulates_status_line_gives_a_steady_heartbeat_rate(server: ServerHandle) -> None:
+    # 4 workers heartbeating every 3 s: about 1.3 heartbeats/s, in bursts.
+    await http(server, "PUT", "/groups/rate/config", {"connect.heartbeat.interval.ms": 3000})
+    lines = await trio.to_thread.run_sync(
+        status_lines_on_a_terminal, "simulate", "--bootstrap",
+        f"127.0.0.1:{server.kafka_port}", "--admin", f"http://127.0.0.1:{server.admin_port}",
+        "--group", "rate", "--workers", "4", "--duration", "30")
+    rates = []
+    for line in lines:
+        found = re.search(r"\[\s*([\d.]+)s\] group .* ([\d.]+) heartbeats/s", line)
+        if found and float(found.group(1)) >= 15:  # after the first window
+            rates.append(float(found.group(2)))
+    assert len(rates) >= 5, lines
+    assert all(0.8 <= rate <= 2.2 for rate in rates), rates
