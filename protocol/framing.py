@@ -363,18 +363,22 @@ def decode_request(frame: bytes, limits: Mapping[int, Mapping[tuple[str, str], L
     after it), RequestOverLimit for an array over its limit (`limits`: API key -> the
     array limits of its requests). Nothing else.
     """
-    if len(frame) < _FIXED_HEADER_BYTES:
-        raise MalformedRequest(
-            f"request header truncated: {len(frame)} bytes, need at least {_FIXED_HEADER_BYTES}"
-        )
-    api_key: int = INT16.unpack_from(frame, 0)[0]
-    api_version: int = INT16.unpack_from(frame, 2)[0]
-    correlation_id: int = INT32.unpack_from(frame, 4)[0]
+    api_key, api_version, correlation_id = _fixed_header(frame)
     body_type = REQUEST_CLASSES.get((api_key, api_version))
     if body_type is None:
         raise UnsupportedApi(api_key, api_version, correlation_id)
     return decode_request_as(frame, body_type, _is_flexible(api_key, api_version),
                              NO_LIMITS if limits is None else limits.get(api_key, NO_LIMITS))
+
+
+def _fixed_header(frame: bytes) -> tuple[int, int, int]:
+    """The API key, version and correlation id every request header starts with."""
+    if len(frame) < _FIXED_HEADER_BYTES:
+        raise MalformedRequest(
+            f"request header truncated: {len(frame)} bytes, need at least {_FIXED_HEADER_BYTES}"
+        )
+    return (INT16.unpack_from(frame, 0)[0], INT16.unpack_from(frame, 2)[0],
+            INT32.unpack_from(frame, 4)[0])
 
 
 def decode_request_as(frame: bytes, body_type: type[Any], flexible: bool,
@@ -385,13 +389,7 @@ def decode_request_as(frame: bytes, body_type: type[Any], flexible: bool,
     dropped, `limits` applied), then decoded. Raises MalformedRequest for a header that
     does not parse, MalformedBody for a body that does not, RequestOverLimit for a field
     over its limit. Nothing else."""
-    if len(frame) < _FIXED_HEADER_BYTES:
-        raise MalformedRequest(
-            f"request header truncated: {len(frame)} bytes, need at least {_FIXED_HEADER_BYTES}"
-        )
-    api_key: int = INT16.unpack_from(frame, 0)[0]
-    api_version: int = INT16.unpack_from(frame, 2)[0]
-    correlation_id: int = INT32.unpack_from(frame, 4)[0]
+    api_key, api_version, correlation_id = _fixed_header(frame)
     header_type: type[RequestHeaderV1] | type[RequestHeaderV2] = (
         RequestHeaderV2 if flexible else RequestHeaderV1)
     try:

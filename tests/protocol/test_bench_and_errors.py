@@ -36,6 +36,8 @@ def test_error_codes_match_the_contract() -> None:
         "UNKNOWN_TOPIC_OR_PARTITION": 3, "ILLEGAL_GENERATION": 22,
         "INCONSISTENT_GROUP_PROTOCOL": 23, "INVALID_SESSION_TIMEOUT": 26,
         "REBALANCE_IN_PROGRESS": 27, "MEMBER_ID_REQUIRED": 79,
+        # Kafka's, for a SASL handshake refused until the listeners authenticate.
+        "UNSUPPORTED_SASL_MECHANISM": 33,
     }
 
 
