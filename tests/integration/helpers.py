@@ -215,7 +215,7 @@ async def describe(client: KafkaClient, group_id: str) -> Any:
 
 
 async def settle(client: KafkaClient, workers: list[Worker], group_id: str = "g",
-                 timeout_s: float = 20.0) -> Any:
+                 timeout_s: float = 60.0) -> Any:
     """Heartbeat every worker until the group is STABLE with every member's assignment
     installed and reported back; the described group."""
     with trio.fail_after(timeout_s):
