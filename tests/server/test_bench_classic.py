@@ -13,7 +13,9 @@ from coordinator import cli
 
 def run_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, dict[str, Any]]:
     code = cli.main(argv)
-    return code, json.loads(capsys.readouterr().out)
+    captured = capsys.readouterr()
+    assert code == 0, captured.err  # the bench's one-line reason, not a JSON error
+    return code, json.loads(captured.out)
 
 
 def test_classic_heartbeats_measure_every_kind(capsys: pytest.CaptureFixture[str]) -> None:
