@@ -501,6 +501,7 @@ class FigureBuilder:
         self.summary: list[Figure] = []
         self.tables: list[Table] = []
         self.projection: CapacityProjection | None = None
+        self.simulation_document: dict[str, Any] | None = None
 
     def has(self, metric: str) -> bool:
         return metric in self.m.metric_names
@@ -741,6 +742,7 @@ class FigureBuilder:
                          "time to converge: max (simulation)"):
                 self.add(present(name, None, missing_reason=reason))
             return
+        self.simulation_document = document
         disruptions = list(document.get("disruptions") or [])
         times = [d["time_to_converge_s"] for d in disruptions
                  if d.get("time_to_converge_s") is not None]
@@ -844,6 +846,13 @@ class FigureBuilder:
         for row in self.m.group_epochs:
             entry = by_group.setdefault(row["group"], {"group_id": row["group"]})
             entry["epoch_bumps"] = row["increase"]
+        simulated = self.simulation_document or {}
+        simulated_group = (simulated.get("config") or {}).get("group")
+        final_state = (simulated.get("final") or {}).get("state")
+        if simulated_group in by_group and final_state:
+            # The snapshot comes after the workers stopped, whose leaving can start one
+            # more rebalance: the state the simulator last saw while they ran is the run's.
+            by_group[simulated_group]["state_at_end_of_run"] = final_state
         columns = [
             "group_id", "group_state", "group_epoch", "assignment_epoch", "workers",
             "connectors", "tasks", "tasks_per_worker_min", "tasks_per_worker_median",
@@ -851,9 +860,15 @@ class FigureBuilder:
             "members_mean", "units_last", "unassigned_max", "unassigned_time_fraction",
             "epoch_bumps",
         ]
+        if any("state_at_end_of_run" in entry for entry in by_group.values()):
+            columns.insert(1, "state_at_end_of_run")
         table = Table(
             "groups", "Groups", columns, [by_group[key] for key in sorted(by_group)],
-            note="Snapshot columns (state ... unassigned_units) come from --snapshot; "
+            note="state_at_end_of_run: the group's state as the simulator last saw it "
+                 "while its workers ran (with --simulation). Snapshot columns "
+                 "(group_state ... unassigned_units) come from --snapshot, taken after the "
+                 "workers stopped, so a group whose workers just left can show "
+                 "RECONCILING there; "
                  "members_mean ... epoch_bumps from the per-group gauges, which the "
                  f"coordinator exports for at most metrics.per_group.max groups; epoch_bumps "
                  f"counts the rebalances {self.over()}.",

@@ -58,6 +58,9 @@ def test_files_exist(report_dir: Path) -> None:
 
 def test_summary_figures(report_dir: Path) -> None:
     summary = json.loads((report_dir / "figures.json").read_text())["summary"]
+    # Time told one way: the start once as a clock time, everything else in seconds.
+    assert not [name for name in summary if "unix" in name]
+    assert "2023-11-14 22:13:20 UTC" in summary["recording length"]["note"]
     for name, expected in EXPECTED.items():
         assert summary[name]["status"] == "ok", name
         assert summary[name]["value"] == pytest.approx(expected, rel=1e-6), name
@@ -145,6 +148,7 @@ def test_simulation_results_and_a_disturbed_headline(
     metrics, snapshot = sample_inputs
     simulation = tmp_path / "simulation.json"
     simulation.write_text(json.dumps({
+        "config": {"group": "alpha"}, "final": {"state": "STABLE"},
         "violations": [], "converged": True, "initial_convergence_s": 1.5,
         "time_to_converge_s": [4.0, 7.5],
         "disruptions": [
@@ -160,6 +164,10 @@ def test_simulation_results_and_a_disturbed_headline(
     assert summary["units run on two workers (simulation)"]["value"] == 0
     assert summary["disruptions (simulation)"]["value"] == 2
     assert summary["time to converge: max (simulation)"]["value"] == 7.5
+    # The simulated group's state as the simulator last saw it, beside the snapshot's.
+    groups = {row["group_id"]: row for row in document["tables"]["groups"]["rows"]}
+    assert groups["alpha"]["state_at_end_of_run"] == "STABLE"
+    assert groups["beta"]["state_at_end_of_run"] is None
     kinds = [row["kind"] for row in document["tables"]["simulation_disruptions"]["rows"]]
     assert kinds == ["kill", "bounce"]
     headline = document["headline"]
@@ -229,3 +237,21 @@ def test_the_steady_part_leaves_out_rebalances_and_the_bin_after() -> None:
     assert steady.bins == 6  # all but bin 4 (the rebalance), 5 and 6 (after it) and 9
     assert steady.seconds == 18.0
     assert steady.heartbeat_p99_ms is not None and steady.heartbeat_p99_ms <= 1.0
+
+
+def test_a_steady_simulation_has_nothing_to_converge_from(
+        spark: Any, sample_inputs: tuple[Path, Path], tmp_path: Path) -> None:
+    metrics, snapshot = sample_inputs
+    simulation = tmp_path / "simulation.json"
+    simulation.write_text(json.dumps({
+        "config": {"group": "alpha"}, "final": {"state": "STABLE"}, "violations": [],
+        "converged": True, "initial_convergence_s": 1.5, "disruptions": []}))
+    out = tmp_path / "out"
+    assert job.main(["--metrics", str(metrics), "--snapshot", str(snapshot), "--out", str(out),
+                     "--simulation", str(simulation), "--p99-limit-ms", "10"]) == 0
+    summary = json.loads((out / "figures.json").read_text())["summary"]
+    assert summary["disruptions (simulation)"]["value"] == 0
+    # no "max: missing" for a run that had nothing to converge from
+    assert not [name for name in summary if name.startswith("time to converge")]
+    assert [name for name, row in summary.items()
+            if "simulation" in name and row["status"] == "missing"] == []
