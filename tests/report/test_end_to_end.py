@@ -118,7 +118,7 @@ class Coordinator:
     def admin_url(self) -> str:
         return f"http://127.0.0.1:{self.admin_port}"
 
-    def wait_ready(self, timeout_s: float = 30) -> None:
+    def wait_ready(self, timeout_s: float = 90) -> None:  # a busy machine starts slowly
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             assert self.process.poll() is None, self.log_path.read_text(errors="replace")
