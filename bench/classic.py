@@ -145,7 +145,8 @@ async def _heartbeat_window(target: Target, args: argparse.Namespace, kind: str,
             await _put_connectors(target, group, units)
     processes = await _start_load(target, _plan_workers(phase, tag),
                                   client="raw" if kind == "connect" else "classic",
-                                  interval_ms=args.interval_ms, units=units)
+                                  interval_ms=args.interval_ms, units=units,
+                                  session_timeout_ms=args.session_timeout_ms)
     try:
         await _wait_stable(target, groups, args.workers_per_group, args.settle_timeout)
         await trio.sleep(args.warmup)
@@ -197,6 +198,7 @@ async def run_heartbeats(args: argparse.Namespace) -> dict[str, Any]:
         "workers_per_group": args.workers_per_group, "processes": args.processes,
         "interval_ms": args.interval_ms, "duration_s": args.duration,
         "connectors_per_group": args.connectors, "tasks_per_connector": args.tasks,
+        "session_timeout_ms": args.session_timeout_ms,
         "order": "connect, bridged, classic; repeated per round"}
     return result
 
@@ -376,6 +378,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--connectors", type=int, default=2)
     parser.add_argument("--tasks", type=int, default=25, help="tasks per connector")
     parser.add_argument("--settle-timeout", type=float, default=300.0)
+    parser.add_argument("--session-timeout-ms", type=int, default=30_000,
+                        help="the classic members' session timeout: Connect's default is "
+                             "10000, but members in a load process on a busy machine can "
+                             "miss heartbeats for longer than that, and a member that "
+                             "expires sets off a rebalance in the measured window "
+                             "(default %(default)s)")
     beats = parser.add_argument_group("heartbeats")
     beats.add_argument("--groups", type=int, default=4)
     beats.add_argument("--workers-per-group", type=int, default=25)
@@ -389,10 +397,6 @@ def build_parser() -> argparse.ArgumentParser:
     join.add_argument("--joiners", type=int, default=3, help="joiners per group and round")
     join.add_argument("--heartbeat-ms", type=int, default=3_000,
                       help="the members' heartbeat interval (Connect's default 3000)")
-    join.add_argument("--session-timeout-ms", type=int, default=30_000,
-                      help="the members' session timeout: Connect's default is 10000, but "
-                           "1,000 members in two load processes on a busy machine miss "
-                           "heartbeats for longer than that (default %(default)s)")
     parser.add_argument("--json", action="store_true", help="print JSON")
     return parser
 

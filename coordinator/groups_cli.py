@@ -1,9 +1,12 @@
 """`connect-coordinator groups`: list, describe and delete groups, in the shape of Kafka's
 `kafka-consumer-groups.sh` (--list, --describe [--members [--verbose]] [--state],
---delete), for people who know that tool.
+--delete), for people who know that tool; and the changes the admin API makes: a
+connector's task count (--set-connector C --tasks N), a connector deleted
+(--delete-connector C), group settings (--set-config KEY=VALUE), a static member removed
+(--remove-member INSTANCE_ID).
 
-Listing and deleting go through the admin HTTP API; describing through the Kafka listener
-(ConnectGroupDescribe), as `describe` does."""
+Listing, deleting and changes go through the admin HTTP API; describing through the Kafka
+listener (ConnectGroupDescribe), as `describe` does."""
 
 from __future__ import annotations
 
@@ -35,6 +38,18 @@ def build_parser() -> argparse.ArgumentParser:
                              "(with --members: the members; --state: the groups' state)")
     action.add_argument("--delete", action="store_true",
                         help="delete groups (an empty group only)")
+    action.add_argument("--set-connector", metavar="CONNECTOR",
+                        help="add a connector to the group, or change its task count "
+                             "(with --tasks N)")
+    action.add_argument("--delete-connector", metavar="CONNECTOR",
+                        help="delete a connector from the group")
+    action.add_argument("--set-config", action="append", metavar="KEY=VALUE",
+                        help="set a group setting (repeatable; VALUE null removes it, as "
+                             "PUT /groups/G/config does)")
+    action.add_argument("--remove-member", action="append", metavar="INSTANCE_ID",
+                        help="remove a static member by its instance id (repeatable)")
+    parser.add_argument("--tasks", type=int, metavar="N",
+                        help="with --set-connector: the connector's task count")
     parser.add_argument("--bootstrap-server", "--bootstrap", dest="bootstrap",
                         default="127.0.0.1:19092", metavar="HOST:PORT",
                         help="the coordinator's Kafka listener (default %(default)s)")
@@ -65,8 +80,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--verbose goes with --describe --members")
     if (args.describe or args.delete) and not (args.group or args.all_groups):
         parser.error("--describe and --delete need --group GROUP (or --all-groups)")
+    changes = (args.set_connector is not None, args.delete_connector is not None,
+               bool(args.set_config), bool(args.remove_member))
+    if any(changes) and len(args.group) != 1:
+        parser.error("a change goes to one group: give --group GROUP once")
+    if (args.set_connector is not None) != (args.tasks is not None):
+        parser.error("--set-connector CONNECTOR and --tasks N go together")
     admin = (args.admin or f"http://{host}:19093").rstrip("/")
     try:
+        if any(changes):
+            print(json.dumps(_change(admin, args.group[0], args, parser), indent=2))
+            return 0
         if args.list:
             groups = _admin(admin, "GET", "/groups")["groups"]
             for group in sorted(groups, key=lambda g: g["group_id"]):
@@ -83,14 +107,49 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
 
 
+def _change(admin: str, group: str, args: argparse.Namespace,
+            parser: argparse.ArgumentParser) -> Any:
+    """One change through the admin API; its answer."""
+    path = f"/groups/{urllib.parse.quote(group, safe='')}"
+    if args.set_connector is not None:
+        connector = urllib.parse.quote(args.set_connector, safe="")
+        return _admin(admin, "PUT", f"{path}/connectors/{connector}", {"tasks": args.tasks})
+    if args.delete_connector is not None:
+        connector = urllib.parse.quote(args.delete_connector, safe="")
+        return _admin(admin, "DELETE", f"{path}/connectors/{connector}")
+    if args.set_config:
+        settings: dict[str, Any] = {}
+        for pair in args.set_config:
+            key, equals, value = pair.partition("=")
+            if not equals or not key:
+                parser.error(f"--set-config takes KEY=VALUE, got {pair!r}")
+            settings[key] = _config_value(value)
+        return _admin(admin, "PUT", f"{path}/config", settings)
+    return _admin(admin, "POST", f"{path}/members/remove",
+                  {"members": [{"instance_id": instance} for instance in args.remove_member]})
+
+
+def _config_value(text: str) -> Any:
+    """A setting's value as the config API takes it: null, a whole number, or the text."""
+    if text == "null":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        return text
+
+
 def _state(group: dict[str, Any]) -> str:
     return str(group.get("state") or group.get("group_state") or "-")
 
 
-def _admin(admin: str, method: str, path: str) -> Any:
+def _admin(admin: str, method: str, path: str, body: Any = None) -> Any:
     url = admin + path
+    data = None if body is None else json.dumps(body).encode()
+    headers = {} if body is None else {"Content-Type": "application/json"}
     try:
-        with urllib.request.urlopen(urllib.request.Request(url, method=method),
+        with urllib.request.urlopen(urllib.request.Request(url, data=data, method=method,
+                                                           headers=headers),
                                     timeout=10) as reply:
             return json.loads(reply.read() or b"null")
     except urllib.error.HTTPError as error:

@@ -18,7 +18,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from coordinator.report.figures import CapacityProjection
+from coordinator.report.figures import (
+    BENCHMARKED_HEARTBEATS_PER_SECOND,
+    BENCHMARKED_PACED_HEARTBEATS_PER_SECOND,
+    BENCHMARKED_PACED_P99_MS,
+    CapacityProjection,
+)
 
 # Rebalances every run has: workers joining at the start, leaving at the end, connectors
 # being created, and the delayed re-run after a worker left. Any other trigger means the
@@ -155,19 +160,25 @@ def make_headline(facts: RunFacts) -> Headline:
     if fit <= members:
         # The model scales from the mean number of workers, which can be below the most
         # that ran: a figure under what ran would be false, none is given.
-        return Headline("capacity", f"{ran}, steadily, with its {within}; the linear model "
+        return Headline("capacity", f"{ran}, steadily, with its {within}; the CPU model "
                         "gives no figure beyond what ran.", aside)
-    limit = LIMIT_NAMES.get(projection.limited_by, projection.limited_by)
+    per_worker = projection.heartbeats_per_member_per_second or 0.0
+    per_heartbeat_us = (projection.cpu_seconds_per_heartbeat or 0.0) * 1e6
+    if projection.limited_by == "measured throughput":
+        bound = (f"the {BENCHMARKED_HEARTBEATS_PER_SECOND:,.0f} heartbeats/s BENCHMARKS.md "
+                 "measured one coordinator to answer (the CPU budget would allow more)")
+    else:
+        bound = f"the {projection.cpu_limit_cores:g} core CPU budget"
     return Headline(
         "capacity",
-        f"{ran}, steadily, with its {within} (while no group rebalanced). Scaled linearly "
-        f"from zero, at least about {fit:,} workers fit ({fit - math.ceil(members):,} more "
-        f"than ran) before {limit} reaches its budget: a lower bound, not a measured "
-        "capacity (latency does not grow in proportion to load; BENCHMARKS.md measures "
-        "what one coordinator carries).", aside)
-
-
-LIMIT_NAMES = {"cpu": "CPU use", "p99 latency": "the heartbeat p99"}
+        f"{ran}, steadily, with its {within} (while no group rebalanced). At "
+        f"{per_worker:,.2f} heartbeats/s per worker and {per_heartbeat_us:,.0f} us of "
+        f"coordinator CPU per heartbeat (idle cost included), about {fit:,} workers fit "
+        f"({fit - math.ceil(members):,} more than ran) within {bound}: "
+        f"{fit * per_worker:,.0f} heartbeats/s. That is a CPU figure; the latency at that "
+        "load is not measured here (BENCHMARKS.md: "
+        f"{BENCHMARKED_PACED_HEARTBEATS_PER_SECOND:,.0f}/s paced at p99 "
+        f"{BENCHMARKED_PACED_P99_MS:g} ms).", aside)
 
 
 def over_budget(projection: CapacityProjection) -> list[str]:

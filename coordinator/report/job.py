@@ -501,6 +501,7 @@ class FigureBuilder:
         self.summary: list[Figure] = []
         self.tables: list[Table] = []
         self.projection: CapacityProjection | None = None
+        self.simulation_document: dict[str, Any] | None = None
 
     def has(self, metric: str) -> bool:
         return metric in self.m.metric_names
@@ -526,9 +527,11 @@ class FigureBuilder:
         if self.m.window is None:
             return
         start, end = self.m.window
-        self.add(present("recording start (unix s)", start, "s"))
-        self.add(present("recording end (unix s)", end, "s"))
-        self.add(present("recording length", self.m.window_seconds, "s"))
+        # One way of telling time throughout: seconds from the recording's start (the
+        # charts' axes and the tables' t_s); the start itself is said once, as a clock time.
+        self.add(present("recording length", self.m.window_seconds, "s",
+                         note=f"from {_clock(start)} to {_clock(end)}; every time in this "
+                              "report is in seconds from its start"))
 
     def snapshot(self) -> None:
         coordinator = self.m.coordinator or {}
@@ -566,18 +569,30 @@ class FigureBuilder:
                          note=over))
         self.add(present("heartbeats per second", heartbeats, "1/s", missing_reason=reason,
                          note=over))
+        by_code: dict[str, float] = defaultdict(float)
+        for row in rates or []:
+            if (row["error"] or "") not in SUCCESS_ERRORS:
+                by_code[f"{row['api']} {row['error']}"] += row.get("increase") or 0.0
+        codes = ", ".join(f"{name} {_count(count)}" for name, count in sorted(by_code.items())
+                          if count)
         self.add(present("error responses per second", errors, "1/s", missing_reason=reason,
-                         note=over))
+                         note=f"{over}; by API and code: {codes}" if codes else over))
 
         histograms = _buckets_by(self.m.request_buckets, "api")
         per_api: dict[str, dict[str, Any]] = defaultdict(
             lambda: {"requests_per_second": 0.0, "errors_per_second": 0.0}
         )
+        api_codes: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
         for row in rates:
             entry = per_api[row["api"] or ""]
             entry["requests_per_second"] += row["per_second"]
             if (row["error"] or "") not in SUCCESS_ERRORS:
                 entry["errors_per_second"] += row["per_second"]
+                api_codes[row["api"] or ""][str(row["error"])] += row.get("increase") or 0.0
+        for api, counted in api_codes.items():
+            # Which errors, not only how many: an error's code says whose fault it was.
+            per_api[api]["error_codes"] = ", ".join(
+                f"{code} {_count(count)}" for code, count in sorted(counted.items()) if count)
         for (api,), buckets in histograms.items():
             entry = per_api[api or ""]
             entry["observations"] = buckets[-1][1] if buckets else 0.0
@@ -586,10 +601,11 @@ class FigureBuilder:
         self.tables.append(Table(
             "requests_by_api",
             "Requests and latency per API",
-            ["api", "requests_per_second", "errors_per_second", "observations", "p50_ms",
-             "p99_ms"],
+            ["api", "requests_per_second", "errors_per_second", "error_codes", "observations",
+             "p50_ms", "p99_ms"],
             [{"api": api, **values} for api, values in sorted(per_api.items())],
-            note="Rates from requests_total increases over the recording; latency "
+            note="Rates from requests_total increases over the recording; error_codes: "
+                 "the error responses by code, counted over the recording; latency "
                  "quantiles from request_duration_seconds bucket increases.",
         ))
         latency_reason = self.reason(REQUEST_BUCKETS)
@@ -726,15 +742,16 @@ class FigureBuilder:
                          "time to converge: max (simulation)"):
                 self.add(present(name, None, missing_reason=reason))
             return
+        self.simulation_document = document
         disruptions = list(document.get("disruptions") or [])
         times = [d["time_to_converge_s"] for d in disruptions
                  if d.get("time_to_converge_s") is not None]
         self.add(present("units run on two workers (simulation)",
                          len(document.get("violations") or []), "violations"))
         self.add(present("disruptions (simulation)", len(disruptions), "disruptions"))
-        self.add(present("time to converge: max (simulation)", max(times) if times else None,
-                         "s", missing_reason="no disruption converged" if disruptions
-                         else "no disruptions"))
+        if disruptions:  # a steady run has nothing to converge from: no row, not a missing one
+            self.add(present("time to converge: max (simulation)", max(times) if times
+                             else None, "s", missing_reason="no disruption converged"))
         self.add(present("initial convergence (simulation)",
                          document.get("initial_convergence_s"), "s"))
         self.tables.append(Table(
@@ -829,6 +846,13 @@ class FigureBuilder:
         for row in self.m.group_epochs:
             entry = by_group.setdefault(row["group"], {"group_id": row["group"]})
             entry["epoch_bumps"] = row["increase"]
+        simulated = self.simulation_document or {}
+        simulated_group = (simulated.get("config") or {}).get("group")
+        final_state = (simulated.get("final") or {}).get("state")
+        if simulated_group in by_group and final_state:
+            # The snapshot comes after the workers stopped, whose leaving can start one
+            # more rebalance: the state the simulator last saw while they ran is the run's.
+            by_group[simulated_group]["state_at_end_of_run"] = final_state
         columns = [
             "group_id", "group_state", "group_epoch", "assignment_epoch", "workers",
             "connectors", "tasks", "tasks_per_worker_min", "tasks_per_worker_median",
@@ -836,9 +860,15 @@ class FigureBuilder:
             "members_mean", "units_last", "unassigned_max", "unassigned_time_fraction",
             "epoch_bumps",
         ]
+        if any("state_at_end_of_run" in entry for entry in by_group.values()):
+            columns.insert(1, "state_at_end_of_run")
         table = Table(
             "groups", "Groups", columns, [by_group[key] for key in sorted(by_group)],
-            note="Snapshot columns (state ... unassigned_units) come from --snapshot; "
+            note="state_at_end_of_run: the group's state as the simulator last saw it "
+                 "while its workers ran (with --simulation). Snapshot columns "
+                 "(group_state ... unassigned_units) come from --snapshot, taken after the "
+                 "workers stopped, so a group whose workers just left can show "
+                 "RECONCILING there; "
                  "members_mean ... epoch_bumps from the per-group gauges, which the "
                  f"coordinator exports for at most metrics.per_group.max groups; epoch_bumps "
                  f"counts the rebalances {self.over()}.",
@@ -881,6 +911,16 @@ def steady_part(measured: Measured) -> SteadyPart:
         heartbeat_p99_ms=_ms(histogram_quantile(0.99, merged)) if merged else None)
 
 
+def _clock(moment: float) -> str:
+    return datetime.fromtimestamp(moment, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _count(value: float) -> str:
+    """A counter's increase as a whole count (a reset-corrected increase can be fractional
+    only by rounding)."""
+    return f"{round(value):,}"
+
+
 def _series_rows(rows: list[dict[str, Any]], key: str, value: str) -> dict[str, list[
         tuple[float, float]]]:
     series: dict[str, list[tuple[float, float]]] = defaultdict(list)
@@ -909,7 +949,7 @@ def build_charts(measured: Measured, out: Path) -> tuple[list[Chart], list[Table
     tables: list[Table] = []
     start = measured.window[0] if measured.window else 0.0
 
-    def chart(file: str, title: str, draw: Callable[[Path], None] | None, reason: str) -> None:
+    def chart(file: str, title: str, draw: Callable[[Path], object] | None, reason: str) -> None:
         path = out / file
         if draw is None:
             missing_chart(path, title, reason)
@@ -948,7 +988,7 @@ def build_charts(measured: Measured, out: Path) -> tuple[list[Chart], list[Table
             latency_series[f"{name} {quantile[:-3]}"] = points
     chart("latency.png", "Request latency p50 / p99 by API",
           (lambda path: line_chart(path, "Request latency p50 / p99 by API", latency_series,
-                                   window_start=start, y_label="ms"))
+                                   window_start=start, y_label="ms", log_y=True))
           if latency_series else None, _missing(REQUEST_BUCKETS))
 
     gauge_rows = measured.gauges_over_time
@@ -1038,7 +1078,9 @@ def run_report(spark: Any, options: Options, stream: Any = None) -> Report:
         projection = builder.projection.as_dict() if builder.projection else None
         write_figures_json(options.out / "figures.json", report,
                            {"capacity": projection, "headline": headline.as_dict(),
-                            "simulation": simulation})
+                            "simulation": simulation,
+                            "window_unix_s": list(measured.window) if measured.window
+                            else None})
         write_html(options.out / "index.html", report)
     return report
 

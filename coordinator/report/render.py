@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 # The object-oriented matplotlib API needs no pyplot state and no display backend.
+import matplotlib
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure as PlotFigure
 
@@ -140,40 +141,76 @@ def time_axis(window_start: float, span_seconds: float) -> tuple[float, str]:
     return 60.0, f"minutes since {started}"
 
 
+def used_series(series: Mapping[str, Sequence[tuple[float, float]]]
+                ) -> dict[str, Sequence[tuple[float, float]]]:
+    """The series with something to show: every API's counter exists from the start, but
+    one that stayed at zero is only clutter in the legend."""
+    return {name: points for name, points in series.items()
+            if any(value for _, value in points)}
+
+
+def distinct_colours(count: int) -> list[Any]:
+    """One colour per line, none repeated: matplotlib's ten-colour cycle repeats after ten
+    lines, so more than ten take the twenty-colour palette."""
+    palette = matplotlib.colormaps["tab10" if count <= 10 else "tab20"]
+    return [palette(index % palette.N) for index in range(count)]
+
+
 def line_chart(path: Path, title: str, series: Mapping[str, Sequence[tuple[float, float]]],
-               *, window_start: float, y_label: str) -> None:
+               *, window_start: float, y_label: str, log_y: bool = False) -> PlotFigure:
+    """Lines over seconds (or minutes) from ``window_start``; with ``log_y`` the y axis is
+    logarithmic, so small steady values stay visible under rare large ones."""
     figure, axes = _new_plot(title)
-    latest = max((time for points in series.values() for time, _ in points),
+    shown = used_series(series)
+    latest = max((time for points in shown.values() for time, _ in points),
                  default=window_start)
     unit, label = time_axis(window_start, latest - window_start)
-    for name, points in sorted(series.items()):
+    for (name, points), colour in zip(sorted(shown.items()), distinct_colours(len(shown)),
+                                      strict=True):
         ordered = sorted(points)
         axes.plot(
             [(time - window_start) / unit for time, _ in ordered],
             [value for _, value in ordered],
             marker=".",
             label=name,
+            color=colour,
         )
     axes.set_xlabel(label)
-    axes.set_ylabel(y_label)
-    if series:
-        axes.legend(fontsize=8, loc="best")
+    axes.set_ylabel(y_label + (" (log scale)" if log_y else ""))
+    if log_y and shown:
+        axes.set_yscale("log")
+    if shown:
+        # Beside the plot, not over it: no line hides behind the legend.
+        axes.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     _save(figure, path)
+    return figure
 
 
 def tasks_per_worker_chart(path: Path, tasks_by_group: Mapping[str, Sequence[int]],
-                           limit: int = 30) -> None:
-    """A box per group of its workers' task counts (the largest ``limit`` groups)."""
+                           limit: int = 30) -> PlotFigure:
+    """Per group (the largest ``limit``), its workers' task counts: a box where they differ;
+    where every worker of every group runs the same count, a bar with that count written
+    on it (a box of one value is a line on an axis of nothing)."""
     largest = sorted(tasks_by_group, key=lambda group: (-len(tasks_by_group[group]), group))
     shown = sorted(largest[:limit])
     title = "tasks per worker per group"
     if len(tasks_by_group) > limit:
         title += f" (largest {limit} of {len(tasks_by_group)} groups)"
     figure, axes = _new_plot(title, height=max(3.0, 0.3 * len(shown) + 1.2))
-    axes.boxplot([list(tasks_by_group[group]) for group in shown], orientation="horizontal")
-    axes.set_yticks(range(1, len(shown) + 1), shown, fontsize=8)
+    counts = [list(tasks_by_group[group]) for group in shown]
+    positions = range(1, len(shown) + 1)
+    if all(len(set(values)) == 1 for values in counts):
+        bars = axes.barh(positions, [values[0] for values in counts], color="tab:blue")
+        axes.bar_label(bars, [f"{values[0]:,} on each of {len(values):,} workers"
+                              for values in counts], padding=4, fontsize=8)
+        axes.margins(x=0.3)
+    else:
+        axes.boxplot(counts, orientation="horizontal")
+    axes.set_yticks(positions, shown, fontsize=8)
     axes.set_xlabel("tasks on one worker")
+    axes.xaxis.get_major_locator().set_params(integer=True)
     _save(figure, path)
+    return figure
 
 
 # ---------------------------------------------------------------------------------------

@@ -46,6 +46,69 @@ class ConnectorBody(msgspec.Struct, forbid_unknown_fields=True):
     tasks: int
 
 
+TASKS_MAX = "tasks.max"
+
+
+def connector_task_count(body: Any) -> int:
+    """The task count a connector PUT asks for: ``{"tasks": N}``, or a connector config as
+    Kafka Connect's REST API takes one, whose ``tasks.max`` (a string of digits, as Connect
+    writes every config value, or a number) is the one key the coordinator uses; the rest
+    of such a config (``connector.class`` and so on) is the workers' business."""
+    if isinstance(body, dict) and TASKS_MAX in body:
+        if "tasks" in body:
+            raise ApiError(ErrorCode.INVALID_REQUEST,
+                           'invalid body: give "tasks" or "tasks.max", not both')
+        value = body[TASKS_MAX]
+        if isinstance(value, str) and value.isascii() and value.isdecimal():
+            return int(value)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise ApiError(ErrorCode.INVALID_REQUEST,
+                       f'invalid body: "tasks.max" must be a whole number, got {value!r}')
+    try:
+        return msgspec.convert(body, ConnectorBody).tasks
+    except msgspec.ValidationError as error:
+        raise ApiError(ErrorCode.INVALID_REQUEST,
+                       f'invalid body: {error} (the body is {{"tasks": N}} or a connector '
+                       f'config with "tasks.max")') from None
+
+
+Runners = dict[tuple[str, int | None], dict[str, Any]]
+
+
+def connector_units(view: dict[str, Any]) -> tuple[dict[str, list[int]], Runners]:
+    """From a group's view: each connector's task ids, and the member running each unit
+    (by (connector, task), the task None for the connector itself)."""
+    tasks: dict[str, list[int]] = {}
+    runners: Runners = {}
+    owned_key = "holds" if view["type"] == "classic" else "assigned"
+    for member in view["members"]:
+        units = member[owned_key]
+        for name in units["connectors"]:
+            runners[(name, None)] = member
+        for task in units["tasks"]:
+            runners[(task["connector"], task["task"])] = member
+    every = (view["connectors_and_tasks"] if view["type"] != "classic"
+             else {"connectors": [], "tasks": []})
+    held = [m[owned_key] for m in view["members"]] + [every]
+    if view["type"] != "classic":
+        held.append(view["unassigned"])
+    for units in held:
+        for name in units["connectors"]:
+            tasks.setdefault(name, [])
+        for task in units["tasks"]:
+            ids = tasks.setdefault(task["connector"], [])
+            if task["task"] not in ids:
+                ids.append(task["task"])
+    return {name: sorted(ids) for name, ids in sorted(tasks.items())}, runners
+
+
+def _runner_json(member: dict[str, Any] | None) -> dict[str, Any]:
+    if member is None:
+        return {"member_id": None, "worker_id": None}
+    return {"member_id": member["member_id"], "worker_id": member["worker_url"]}
+
+
 class MemberToRemove(msgspec.Struct, forbid_unknown_fields=True):
     instance_id: str
     member_id: str | None = None
@@ -333,10 +396,36 @@ def build_admin_app(runtime: Runtime, proxy: ProxyView | None = None) -> ASGIApp
     async def put_connector(request: Request) -> Response:
         async def handle(request: Request) -> Response:
             require_ready()
-            body = await body_of(request, ConnectorBody)
+            tasks = connector_task_count(await body_of(request, dict[str, Any]))
             group, connector = request.path_params["group"], request.path_params["connector"]
-            answer = await runtime.call(runtime.core.put_connector, group, connector, body.tasks)
+            answer = await runtime.call(runtime.core.put_connector, group, connector, tasks)
             return JSONResponse(answer)
+        return await guarded(request, handle)
+
+    async def list_connectors(request: Request) -> Response:
+        async def handle(request: Request) -> Response:
+            require_ready()
+            view = group_view(runtime, request.path_params["group"])
+            return JSONResponse(list(connector_units(view)[0]))
+        return await guarded(request, handle)
+
+    async def get_connector(request: Request) -> Response:
+        async def handle(request: Request) -> Response:
+            require_ready()
+            group, connector = request.path_params["group"], request.path_params["connector"]
+            tasks, runners = connector_units(group_view(runtime, group))
+            if connector not in tasks:
+                return _error(404, "CONNECTOR_NOT_FOUND",
+                              f"group {group!r} has no connector {connector!r}; "
+                              f"GET /groups/{quote(group, safe='')}/connectors lists them")
+            return JSONResponse({
+                "name": connector,
+                "group": group,
+                "config": {TASKS_MAX: str(len(tasks[connector]))},
+                "connector": _runner_json(runners.get((connector, None))),
+                "tasks": [{"id": task, **_runner_json(runners.get((connector, task)))}
+                          for task in tasks[connector]],
+            })
         return await guarded(request, handle)
 
     async def delete_connector(request: Request) -> Response:
@@ -395,6 +484,8 @@ def build_admin_app(runtime: Runtime, proxy: ProxyView | None = None) -> ASGIApp
         Route("/groups", list_groups, methods=["GET"]),
         Route("/groups/{group}", get_group, methods=["GET"]),
         Route("/groups/{group}", delete_group, methods=["DELETE"]),
+        Route("/groups/{group}/connectors", list_connectors, methods=["GET"]),
+        Route("/groups/{group}/connectors/{connector}", get_connector, methods=["GET"]),
         Route("/groups/{group}/connectors/{connector}", put_connector, methods=["PUT"]),
         Route("/groups/{group}/connectors/{connector}", delete_connector, methods=["DELETE"]),
         Route("/groups/{group}/members/remove", remove_members, methods=["POST"]),

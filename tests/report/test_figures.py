@@ -54,27 +54,40 @@ def test_spread() -> None:
     assert spread([]).median is None
 
 
-def test_projection_limited_by_latency() -> None:
+def test_projection_is_the_cpu_budget_over_the_cost_of_a_worker() -> None:
     projection = project_capacity(
         members_now=20, cpu_cores_now=0.1, heartbeats_per_second=10.0, p99_now_ms=2.0,
         average_group_size=4.0, cpu_limit_cores=0.8, p99_limit_ms=5.0,
     )
-    # CPU: 0.1 / 20 = 0.005 cores per member -> 0.8 / 0.005 = 160 members.
-    assert projection.cpu_cores_per_member == pytest.approx(0.005)
-    assert projection.max_members_by_cpu == pytest.approx(160)
-    # Latency: 2 ms at 20 members scales to 5 ms at 20 * 5 / 2 = 50 members.
-    assert projection.max_members_by_latency == pytest.approx(50)
-    assert projection.limited_by == "p99 latency"
-    # 50 - 20 = 30 more workers; 30 / 4 = 7.5 -> 7 more groups of four.
-    assert projection.additional_workers == 30
-    assert projection.additional_groups == 7
     # 10 heartbeats/s over 20 members; 0.1 cores / 10 heartbeats/s = 10 ms CPU per heartbeat.
     assert projection.heartbeats_per_member_per_second == pytest.approx(0.5)
     assert projection.cpu_seconds_per_heartbeat == pytest.approx(0.01)
+    # 0.8 cores / (0.5 heartbeats/s x 0.01 s) = 160 members; latency is not scaled.
+    assert projection.max_members_by_cpu == pytest.approx(160)
+    assert projection.max_members_by_latency is None
+    assert projection.limited_by == "cpu"
+    assert projection.additional_workers == 140
+    assert projection.additional_groups == 35
+
+
+def test_projection_never_goes_beyond_the_benchmarked_throughput() -> None:
+    # A coordinator measured at 57 us per heartbeat (BENCHMARKS.md's low end), workers at
+    # Connect's 1 heartbeat per 3 s: the CPU allows 0.8 / (57e-6 / 3) = 42,105 workers,
+    # 14,035 heartbeats/s, more than one coordinator was measured to answer; the figure is
+    # what that measured 7,506/s carries: 22,518 workers.
+    workers = 1_000
+    projection = project_capacity(
+        members_now=workers, cpu_cores_now=workers / 3 * 57e-6,
+        heartbeats_per_second=workers / 3, p99_now_ms=1.0, average_group_size=None)
+    assert projection.max_members_by_cpu == pytest.approx(0.8 / (57e-6 / 3))
+    assert projection.limited_by == "measured throughput"
+    assert projection.max_members == pytest.approx(7_506 * 3)
+    assert projection.max_members * projection.heartbeats_per_member_per_second \
+        == pytest.approx(7_506)
 
 
 def test_projection_limited_by_cpu_and_over_the_limit() -> None:
-    # 0.5 cores for 10 members: 0.05 each -> 0.8 / 0.05 = 16 members; latency allows 100.
+    # 0.5 cores for 10 members: 0.05 each -> 0.8 / 0.05 = 16 members.
     projection = project_capacity(
         members_now=10, cpu_cores_now=0.5, heartbeats_per_second=5.0, p99_now_ms=0.5,
         average_group_size=3.0,

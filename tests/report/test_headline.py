@@ -27,10 +27,13 @@ def facts(*, members: float = 10, seconds: float = 120, scrapes: int = 40,
 def test_a_steady_run_gets_a_capacity_figure() -> None:
     headline = make_headline(facts())
     assert headline.kind == "capacity"
-    # 10 members at p99 1 ms under 5 ms: 50 by latency; 0.005 cores each under 0.8: 160
+    # 10 members, 0.005 cores each under 0.8: 160 (latency within budget, not scaled)
     assert "10 workers ran for 120 s" in headline.text
-    assert "at least about 50 workers fit (40 more than ran)" in headline.text
-    assert "before the heartbeat p99 reaches its budget: a lower bound" in headline.text
+    assert "about 160 workers fit (150 more than ran) within the 0.8 core CPU budget" \
+        in headline.text
+    # 1/3 heartbeat/s per worker, 0.05 cores / 3.33 heartbeats/s = 15,000 us each
+    assert "At 0.33 heartbeats/s per worker and 15,000 us of coordinator CPU" in headline.text
+    assert "53 heartbeats/s" in headline.text  # 160 / 3
 
 
 def test_a_chaos_run_gets_no_capacity_figure_and_says_why() -> None:
@@ -130,22 +133,32 @@ def test_the_headline_names_the_cause_that_is_over_its_budget() -> None:
 
 
 def test_the_headline_names_the_limit_a_capacity_figure_reaches_first() -> None:
-    by_latency = make_headline(projected(members_ran=10, members_scaled=10, p99_ms=1.0,
-                                         cores=0.01))
-    assert "before the heartbeat p99 reaches its budget" in by_latency.text
-    by_cpu = make_headline(projected(members_ran=10, members_scaled=10, p99_ms=0.1,
+    # CPU: 0.4 cores for 10 workers -> 0.8 / 0.04 = 20 workers; a p99 near its budget
+    # bounds nothing (it is not scaled), but one over it leaves no headroom.
+    by_cpu = make_headline(projected(members_ran=10, members_scaled=10, p99_ms=4.9,
                                      cores=0.4))
-    assert "at least about 20 workers fit" in by_cpu.text
-    assert "before CPU use reaches its budget" in by_cpu.text
-    for headline in (by_latency, by_cpu):
-        assert "lower bound" in headline.text and "BENCHMARKS.md" in headline.text
+    assert by_cpu.kind == "capacity"
+    assert "about 20 workers fit" in by_cpu.text and "CPU budget" in by_cpu.text
+    by_latency = make_headline(projected(members_ran=10, members_scaled=10, p99_ms=5.1,
+                                         cores=0.01))
+    assert by_latency.kind == "over_budget"
+    assert "p99 5.10 ms is above the 5 ms budget" in by_latency.text
+    # Cheap heartbeats: the CPU would allow more than one coordinator was measured to
+    # answer; the figure is that measured throughput's.
+    by_throughput = make_headline(projected(members_ran=10, members_scaled=10, p99_ms=0.2,
+                                            cores=10 / 3 * 20e-6))
+    assert "about 22,518 workers fit" in by_throughput.text
+    assert "7,506 heartbeats/s BENCHMARKS.md measured" in by_throughput.text
+    for headline in (by_cpu, by_throughput):
+        assert "latency at that load is not measured here" in headline.text
+        assert "3,569/s paced at p99 19.5 ms" in headline.text
 
 
 def test_within_budget_is_never_called_over_it() -> None:
-    # 6 workers at most, 2.5 on average: scaled from the mean, 2.5 * 5 / 2.10 = 5.95 < 6,
-    # though 2.10 ms is well under the 5 ms budget.
+    # 6 workers at most, 2.5 on average: scaled from the mean, 0.8 / (0.4 / 2.5) = 5 < 6,
+    # though 2.10 ms and 0.4 cores are well under their budgets.
     headline = make_headline(projected(members_ran=6, members_scaled=2.5, p99_ms=2.10,
-                                       cores=0.05))
+                                       cores=0.4))
     assert "above" not in headline.text, headline.text
     assert "heartbeat p99 2.10 ms within the 5 ms budget" in headline.text
     assert "fit" not in headline.text  # no maximum at or below the 6 that ran

@@ -58,18 +58,20 @@ def test_files_exist(report_dir: Path) -> None:
 
 def test_summary_figures(report_dir: Path) -> None:
     summary = json.loads((report_dir / "figures.json").read_text())["summary"]
+    # Time told one way: the start once as a clock time, everything else in seconds.
+    assert not [name for name in summary if "unix" in name]
+    assert "2023-11-14 22:13:20 UTC" in summary["recording length"]["note"]
     for name, expected in EXPECTED.items():
         assert summary[name]["status"] == "ok", name
         assert summary[name]["value"] == pytest.approx(expected, rel=1e-6), name
     # Tasks per worker over all six workers [0,1,1,1,2,2]: imbalance 2 / (7/6) = 12/7.
     assert summary["tasks per worker: imbalance (max/mean)"]["value"] == pytest.approx(12 / 7)
-    # Capacity: 0.06 cores / 6 members = 0.01 -> CPU allows 80 members; p99 4.84 ms at 6
-    # members reaches 10 ms at 6 * 10 / 4.84 = 12.40, the lower bound: 6 more workers,
-    # 6 / (6 members / 2 groups) = 2 more groups.
-    # whole workers, as the headline counts them: 6 * 10 / 4.84 = 12.4
-    assert summary["capacity: max members"]["value"] == 12
-    assert summary["capacity: additional workers"]["value"] == 6
-    assert summary["capacity: additional groups of average size"]["value"] == 2
+    # Capacity: 0.06 cores / 6 members = 0.01 -> the 0.8 core budget allows 80 members
+    # (the p99 of 4.84 ms is within its 10 ms budget and not scaled): 74 more workers,
+    # 74 / (6 members / 2 groups) = 24 more groups.
+    assert summary["capacity: max members"]["value"] == 80
+    assert summary["capacity: additional workers"]["value"] == 74
+    assert summary["capacity: additional groups of average size"]["value"] == 24
 
 
 def test_csv_and_json_agree(report_dir: Path) -> None:
@@ -89,7 +91,7 @@ def test_csv_and_json_agree(report_dir: Path) -> None:
     assert float(groups["beta"]["tasks_per_worker_median"]) == 1.5
     # 3 epoch bumps in the 270 s recorded (counted, not extrapolated to an hour).
     assert float(groups["alpha"]["epoch_bumps"]) == pytest.approx(3.0)
-    assert document["capacity"]["limited_by"] == "p99 latency"
+    assert document["capacity"]["limited_by"] == "cpu"
 
 
 def test_rates_name_the_window_they_were_measured_over(report_dir: Path) -> None:
@@ -117,10 +119,11 @@ def test_headline_of_a_steady_run_gives_a_capacity_that_covers_what_ran(
     document = json.loads((report_dir / "figures.json").read_text())
     headline = document["headline"]
     assert headline["kind"] == "capacity", headline
-    # 6 members at p99 4.84 ms under a 10 ms budget: 6 * 10 / 4.84 = 12.4
+    # 6 members at 0.01 cores each under a 0.8 core budget: 80
     assert "6 workers ran for 270 s" in headline["text"]
-    assert "at least about 12 workers fit (6 more than ran)" in headline["text"]
-    assert "a lower bound" in headline["text"]
+    assert "about 80 workers fit (74 more than ran) within the 0.8 core CPU budget" \
+        in headline["text"]
+    assert "latency at that load is not measured here" in headline["text"]
     # two groups in the snapshot and no --group: the page says how to pick one
     assert any("--group" in reason for reason in headline["reasons"])
     assert 'id="headline"' in (report_dir / "index.html").read_text()
@@ -145,6 +148,7 @@ def test_simulation_results_and_a_disturbed_headline(
     metrics, snapshot = sample_inputs
     simulation = tmp_path / "simulation.json"
     simulation.write_text(json.dumps({
+        "config": {"group": "alpha"}, "final": {"state": "STABLE"},
         "violations": [], "converged": True, "initial_convergence_s": 1.5,
         "time_to_converge_s": [4.0, 7.5],
         "disruptions": [
@@ -160,6 +164,10 @@ def test_simulation_results_and_a_disturbed_headline(
     assert summary["units run on two workers (simulation)"]["value"] == 0
     assert summary["disruptions (simulation)"]["value"] == 2
     assert summary["time to converge: max (simulation)"]["value"] == 7.5
+    # The simulated group's state as the simulator last saw it, beside the snapshot's.
+    groups = {row["group_id"]: row for row in document["tables"]["groups"]["rows"]}
+    assert groups["alpha"]["state_at_end_of_run"] == "STABLE"
+    assert groups["beta"]["state_at_end_of_run"] is None
     kinds = [row["kind"] for row in document["tables"]["simulation_disruptions"]["rows"]]
     assert kinds == ["kill", "bounce"]
     headline = document["headline"]
@@ -229,3 +237,21 @@ def test_the_steady_part_leaves_out_rebalances_and_the_bin_after() -> None:
     assert steady.bins == 6  # all but bin 4 (the rebalance), 5 and 6 (after it) and 9
     assert steady.seconds == 18.0
     assert steady.heartbeat_p99_ms is not None and steady.heartbeat_p99_ms <= 1.0
+
+
+def test_a_steady_simulation_has_nothing_to_converge_from(
+        spark: Any, sample_inputs: tuple[Path, Path], tmp_path: Path) -> None:
+    metrics, snapshot = sample_inputs
+    simulation = tmp_path / "simulation.json"
+    simulation.write_text(json.dumps({
+        "config": {"group": "alpha"}, "final": {"state": "STABLE"}, "violations": [],
+        "converged": True, "initial_convergence_s": 1.5, "disruptions": []}))
+    out = tmp_path / "out"
+    assert job.main(["--metrics", str(metrics), "--snapshot", str(snapshot), "--out", str(out),
+                     "--simulation", str(simulation), "--p99-limit-ms", "10"]) == 0
+    summary = json.loads((out / "figures.json").read_text())["summary"]
+    assert summary["disruptions (simulation)"]["value"] == 0
+    # no "max: missing" for a run that had nothing to converge from
+    assert not [name for name in summary if name.startswith("time to converge")]
+    assert [name for name, row in summary.items()
+            if "simulation" in name and row["status"] == "missing"] == []

@@ -288,3 +288,66 @@ async def test_a_groups_type_is_set_through_the_config_api(server: ServerHandle)
     assert "connector" in answer["message"]
     status, answer = await http(server, "PUT", "/groups/g/config", {key: "eager"})
     assert_error_body(status, answer, 400)
+
+
+async def test_connectors_are_listed_and_read_one_at_a_time(server: ServerHandle) -> None:
+    await http(server, "PUT", "/groups/shaped/connectors/sink", {"tasks": 2})
+    # A connector config as Connect's REST API takes it: tasks.max a string of digits,
+    # the rest for the workers.
+    status, body = await http(server, "PUT", "/groups/shaped/connectors/source", {
+        "connector.class": "FileStreamSource", "tasks.max": "3", "topic": "t"})
+    assert status == 200, body
+    assert await http(server, "GET", "/groups/shaped/connectors") == (200, ["sink", "source"])
+    response = await join(server, "shaped", "w1")
+    assert response.error_code == 0
+    owned = response.assignment.assigned
+    mine = {(t.connector, t.task) for t in owned.tasks} | {(c, None) for c in owned.connectors}
+    status, one = await http(server, "GET", "/groups/shaped/connectors/source")
+    assert status == 200, one
+    assert one["name"] == "source" and one["group"] == "shaped"
+    assert one["config"] == {"tasks.max": "3"}
+    assert [task["id"] for task in one["tasks"]] == [0, 1, 2]
+    for runner, unit in [(one["connector"], ("source", None)),
+                         *((task, ("source", task["id"])) for task in one["tasks"])]:
+        # The one member runs what its heartbeat was given; the rest is unassigned.
+        expected = ("w1", "http://w1:8083") if unit in mine else (None, None)
+        assert (runner["member_id"], runner["worker_id"]) == expected, (unit, one)
+    status, body = await http(server, "PUT", "/groups/shaped/connectors/source",
+                              {"tasks.max": 5})
+    assert status == 200, body
+    status, one = await http(server, "GET", "/groups/shaped/connectors/source")
+    assert one["config"] == {"tasks.max": "5"} and len(one["tasks"]) == 5
+
+
+async def test_one_connector_or_the_list_of_a_group_not_there_is_a_404(
+        server: ServerHandle) -> None:
+    await http(server, "PUT", "/groups/there/connectors/a", {"tasks": 1})
+    status, body = await http(server, "GET", "/groups/there/connectors/nope")
+    assert_error_body(status, body, 404)
+    assert body["error"] == "CONNECTOR_NOT_FOUND"
+    for path in ("/groups/missing/connectors", "/groups/missing/connectors/a"):
+        status, body = await http(server, "GET", path)
+        assert_error_body(status, body, 404)
+
+
+@pytest.mark.parametrize(
+    ("raw", "why"),
+    [
+        (b'{"tasks.max": "three"}', "not a number"),
+        (b'{"tasks.max": "-1"}', "negative"),
+        (b'{"tasks.max": "1.5"}', "not whole"),
+        (b'{"tasks.max": true}', "bool"),
+        (b'{"tasks.max": null}', "null"),
+        (b'{"tasks.max": "100000001"}', "too many"),
+        (b'{"tasks.max": "2", "tasks": 2}', "both"),
+        (b'{"connector.class": "X"}', "no task count"),
+    ],
+)
+async def test_bad_connector_configs_change_nothing(
+    server: ServerHandle, raw: bytes, why: str
+) -> None:
+    await http(server, "PUT", "/groups/g/connectors/a", {"tasks": 2})
+    before = (await http(server, "GET", "/groups/g"))[1]
+    status, body = await http(server, "PUT", "/groups/g/connectors/a", raw=raw)
+    assert_error_body(status, body, 400)
+    assert (await http(server, "GET", "/groups/g"))[1] == before, why

@@ -90,3 +90,41 @@ async def test_groups_against_nothing_says_so() -> None:
     assert result.returncode == 1
     lines = result.stderr.decode().splitlines()
     assert len(lines) == 1 and "cannot reach" in lines[0] and "--admin" in lines[0]
+
+
+async def test_groups_changes_connectors_settings_and_members(server: ServerHandle) -> None:
+    """The changes a user would otherwise make with curl, through the same command."""
+    group = ["--group", "changed", *where(server)]
+    added = await run_cli("groups", "--set-connector", "sink", "--tasks", "3", *group)
+    assert added.returncode == 0, added.stderr
+    assert (await http(server, "GET", "/groups/changed/connectors")) == (200, ["sink"])
+    status, one = await http(server, "GET", "/groups/changed/connectors/sink")
+    assert one["config"] == {"tasks.max": "3"}
+
+    configured = await run_cli("groups", "--set-config", "connect.session.timeout.ms=20000",
+                               "--set-config", "connect.heartbeat.interval.ms=2000", *group)
+    assert configured.returncode == 0, configured.stderr
+    status, config = await http(server, "GET", "/groups/changed/config")
+    assert (config["config"]["connect.session.timeout.ms"],
+            config["config"]["connect.heartbeat.interval.ms"]) == (20000, 2000)
+    bad = await run_cli("groups", "--set-config", "connect.session.timout.ms=1", *group)
+    assert bad.returncode == 1 and bad.stderr.decode().count("\n") == 1, bad.stderr
+    assert "HTTP 400" in bad.stderr.decode()
+
+    removed = await run_cli("groups", "--remove-member", "instance-1", *group)
+    assert removed.returncode == 0, removed.stderr
+    assert "instance-1" in removed.stdout.decode()
+
+    deleted = await run_cli("groups", "--delete-connector", "sink", *group)
+    assert deleted.returncode == 0, deleted.stderr
+    assert (await http(server, "GET", "/groups/changed/connectors")) == (200, [])
+    missing = await run_cli("groups", "--delete-connector", "sink", *group)
+    assert missing.returncode == 1 and "no connector 'sink'" in missing.stderr.decode()
+
+    for wrong in (["--set-connector", "sink"],  # no --tasks
+                  ["--set-config", "no-equals-sign"]):
+        refused = await run_cli("groups", *wrong, *group)
+        assert refused.returncode == 2, refused.stderr
+    two_groups = await run_cli("groups", "--delete-connector", "sink", "--group", "a",
+                               "--group", "b", *where(server))
+    assert two_groups.returncode == 2 and b"one group" in two_groups.stderr

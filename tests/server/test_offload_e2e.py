@@ -35,6 +35,9 @@ from .conftest import http
 G = "offload-group"
 HEARTBEAT = 1000
 SLOW_SECONDS = 1.5
+# A request the run held would wait for the whole run; one answered beside it takes a few
+# milliseconds, or a good part of a second on a machine busy with other work.
+NOT_HELD_S = SLOW_SECONDS * 2 / 3
 
 
 class SlowAssignor:
@@ -201,7 +204,7 @@ async def test_heartbeats_are_answered_while_a_slow_run_is_in_flight(
             started = time.perf_counter()
             joined_at = time.time()
             await w2.join()
-            assert time.perf_counter() - started < 0.2  # the join is not held by the run
+            assert time.perf_counter() - started < NOT_HELD_S  # the join is not held by the run
             group = handle.runtime.core.store.groups[G]
             assert group.assignor_run is not None
             slow_run = group.assignor_run.run_id
@@ -212,7 +215,7 @@ async def test_heartbeats_are_answered_while_a_slow_run_is_in_flight(
                     started = time.perf_counter()
                     response = await w1.heartbeat()
                     elapsed = time.perf_counter() - started
-                    assert elapsed < 0.2, f"a heartbeat took {elapsed:.3f} s"
+                    assert elapsed < NOT_HELD_S, f"a heartbeat took {elapsed:.3f} s"
                     if group.assignor_run is not None:
                         answered_in_flight += 1
                         assert response.member_epoch == first_epoch
@@ -408,7 +411,7 @@ async def test_a_crashing_run_keeps_the_target_and_is_counted(
                     while (await assignor_runs(handle))["failed"] < 1:
                         started = time.perf_counter()
                         response = await w1.heartbeat()
-                        assert time.perf_counter() - started < 0.2
+                        assert time.perf_counter() - started < NOT_HELD_S
                         assert response.member_epoch == epoch
                         await trio.sleep(0.05)
                 for _ in range(5):  # still answered, still the old target
