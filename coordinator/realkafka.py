@@ -133,8 +133,19 @@ def require_java() -> None:
         raise InteropUnavailable("java is not installed (Debian: openjdk-17-jre-headless)")
 
 
+# Kafka 3.x brings its own SLF4J binding (reload4j, unconfigured here) beside the log4j2
+# one the pom adds; SLF4J 1.7 takes whichever the class path lists first, so with both
+# a process could log nowhere its log file is looked for. Only the log4j2 one is kept.
+OTHER_SLF4J_BINDING = re.compile(r"^slf4j-(?:reload4j|log4j12)-.*\.jar$")
+
+
 def classpath(version: str | None = None) -> str:
-    return str(ensure_jars(version) / "*")
+    folder = ensure_jars(version)
+    jars = sorted(path.name for path in folder.glob("*.jar"))
+    if not any(name.startswith("log4j-slf4j-impl-") for name in jars):
+        return str(folder / "*")
+    return os.pathsep.join(str(folder / name) for name in jars
+                           if not OTHER_SLF4J_BINDING.match(name))
 
 
 def free_port(host: str = "127.0.0.1") -> int:
