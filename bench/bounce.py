@@ -151,14 +151,20 @@ def _runs_in(worker: Worker, since: float, until: float) -> tuple[int, int, list
 
 JOINED = re.compile(r"Joined group at generation \d+ .*got assignment: Assignment\{.*"
                     r"leaderUrl='([^']*)'")
-# Kafka's group client logs each JoinGroup that completed.
-JOIN_COMPLETED = re.compile(r"^\[([^\]]+)\] \w+ .*Successfully joined group with generation")
+# Kafka's group clients log each JoinGroup that completed: the worker's own (its client
+# id connect-HOST:PORT), not its sink tasks' consumers, whose groups are the broker's.
+JOIN_COMPLETED = re.compile(r"^\[([^\]]+)\] \w+ \[Worker clientId=connect-[^\]]*\] "
+                            r"Successfully joined group with generation")
 
 
 def joins_in(worker: Worker, since: float, until: float) -> int:
     """The JoinGroups the worker completed in [since, until], by its log."""
+    return joins_in_log(worker.process.log_text(), since, until)
+
+
+def joins_in_log(log_text: str, since: float, until: float) -> int:
     count = 0
-    for line in worker.process.log_text().splitlines():
+    for line in log_text.splitlines():
         match = JOIN_COMPLETED.match(line)
         if match is not None and since <= log_time(match.group(1)) <= until:
             count += 1
@@ -262,8 +268,11 @@ def spread_waits(chance: random.Random, count: int, interval_s: float) -> list[f
     return waits
 
 
-def create_connectors(worker: Worker, topic: str, connectors: VerifiableConnectors) -> None:
-    """The source and sink of `TASKS`, through `worker`'s REST API."""
+def create_connectors(worker: Worker, topic: str,
+                      connectors: VerifiableConnectors | None = None) -> None:
+    """The source and sink of `TASKS`, through `worker`'s REST API (Connect's test
+    connectors unless told otherwise)."""
+    connectors = connectors or verifiable_connectors()
     worker.rest("POST", "/connectors", {"name": "source", "config": {
         "connector.class": connectors.source, "tasks.max": str(TASKS["source"]),
         "topic": topic, "throughput": "20"}})
