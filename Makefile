@@ -64,7 +64,8 @@ system-deps:
 # folder per release: the default one (<kafka.version> in tests/interop/pom.xml) and every
 # other release the tests run workers of (<interop.releases>; about 60 MB each, ~10 s with
 # a warm ~/.m2). A release written with a trailing "-" has no Connect test connectors
-# published. Needs java and mvn; without them the interop tests skip (fail under CI=true).
+# published (the tests compile connectors of their own with javac). Needs java and mvn;
+# without them the interop tests skip (fail under CI=true).
 INTEROP_POM := tests/interop/pom.xml
 KAFKA_VERSION := $(shell sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' $(INTEROP_POM))
 INTEROP_RELEASES := $(shell sed -n 's:.*<interop.releases>\(.*\)</interop.releases>.*:\1:p' $(INTEROP_POM))
@@ -83,7 +84,7 @@ tests/interop/.jars/%/.complete: $(INTEROP_POM)
 	    || { cat tests/interop/.jars/mvn-$*.log >&2; exit 1; }; } && \
 	  touch $@; \
 	else \
-	  echo "interop-jars: java or mvn missing (Debian: openjdk-17-jre-headless maven);" \
+	  echo "interop-jars: java or mvn missing (Debian: openjdk-17-jdk-headless maven);" \
 	       "the interop tests are skipped (they fail under CI=true)." >&2; \
 	  case "$${CI:-}" in ""|0|false|no) ;; *) exit 1 ;; esac; \
 	fi

@@ -1,7 +1,9 @@
 """`bench bounce`: what one worker's bounce costs a group of three real Connect workers.
 
 Starts a KRaft broker from Apache Kafka's jars, then for each side in turn three Connect
-workers running a VerifiableSource (6 tasks) and a VerifiableSink (2 tasks):
+workers running a verifiable source (6 tasks) and sink (2 tasks): Connect's own test
+connectors where they are published for the workers' release, else the project's
+(tests/interop/connectors, compiled against that release's jars):
 
 - direct:  the workers against the broker, their group on the broker's own classic group
            coordinator;
@@ -54,16 +56,15 @@ from pathlib import Path
 from typing import Any
 
 from coordinator.realkafka import (
-    VERIFIABLE_SINK,
-    VERIFIABLE_SOURCE,
     Coordinator,
     InteropUnavailable,
     StopHung,
+    VerifiableConnectors,
     Worker,
     all_running,
     connector_states,
     ensure_jars,
-    has_test_connectors,
+    kafka_version,
     log_time,
     require_java,
     restart_worker,
@@ -72,6 +73,7 @@ from coordinator.realkafka import (
     start_workers,
     stop_together,
     task_intervals,
+    verifiable_connectors,
     wait_answering,
     wait_for,
 )
@@ -149,14 +151,20 @@ def _runs_in(worker: Worker, since: float, until: float) -> tuple[int, int, list
 
 JOINED = re.compile(r"Joined group at generation \d+ .*got assignment: Assignment\{.*"
                     r"leaderUrl='([^']*)'")
-# Kafka's group client logs each JoinGroup that completed.
-JOIN_COMPLETED = re.compile(r"^\[([^\]]+)\] \w+ .*Successfully joined group with generation")
+# Kafka's group clients log each JoinGroup that completed: the worker's own (its client
+# id connect-HOST:PORT), not its sink tasks' consumers, whose groups are the broker's.
+JOIN_COMPLETED = re.compile(r"^\[([^\]]+)\] \w+ \[Worker clientId=connect-[^\]]*\] "
+                            r"Successfully joined group with generation")
 
 
 def joins_in(worker: Worker, since: float, until: float) -> int:
     """The JoinGroups the worker completed in [since, until], by its log."""
+    return joins_in_log(worker.process.log_text(), since, until)
+
+
+def joins_in_log(log_text: str, since: float, until: float) -> int:
     count = 0
-    for line in worker.process.log_text().splitlines():
+    for line in log_text.splitlines():
         match = JOIN_COMPLETED.match(line)
         if match is not None and since <= log_time(match.group(1)) <= until:
             count += 1
@@ -260,20 +268,24 @@ def spread_waits(chance: random.Random, count: int, interval_s: float) -> list[f
     return waits
 
 
-def create_connectors(worker: Worker, topic: str) -> None:
-    """The VerifiableSource and VerifiableSink of `TASKS`, through `worker`'s REST API."""
+def create_connectors(worker: Worker, topic: str,
+                      connectors: VerifiableConnectors | None = None) -> None:
+    """The source and sink of `TASKS`, through `worker`'s REST API (Connect's test
+    connectors unless told otherwise)."""
+    connectors = connectors or verifiable_connectors()
     worker.rest("POST", "/connectors", {"name": "source", "config": {
-        "connector.class": VERIFIABLE_SOURCE, "tasks.max": str(TASKS["source"]),
+        "connector.class": connectors.source, "tasks.max": str(TASKS["source"]),
         "topic": topic, "throughput": "20"}})
     worker.rest("POST", "/connectors", {"name": "sink", "config": {
-        "connector.class": VERIFIABLE_SINK, "tasks.max": str(TASKS["sink"]),
+        "connector.class": connectors.sink, "tasks.max": str(TASKS["sink"]),
         "topics": topic}})
 
 
 def run_side(root: Path, side: str, broker_bootstrap: str, bounces: int, which: str,
              overrides: dict[str, object], settle_s: float, timeout_s: float,
-             waits_s: list[float] | None = None, kafka_version: str | None = None
-             ) -> list[Bounce]:
+             waits_s: list[float] | None = None, kafka_version: str | None = None,
+             connectors: VerifiableConnectors | None = None) -> list[Bounce]:
+    connectors = connectors or verifiable_connectors(kafka_version)
     started: list[Any] = []
     workers: list[Worker] = []
     coordinator: Coordinator | None = None
@@ -287,9 +299,10 @@ def run_side(root: Path, side: str, broker_bootstrap: str, bounces: int, which: 
                                             "owned-.*", extra=extra)
             started.append(coordinator)
             bootstrap, group = coordinator.bootstrap, f"owned-bench-bounce-{side}"
-        workers = start_workers(root, 3, bootstrap, group, started, overrides=overrides,
+        workers = start_workers(root, 3, bootstrap, group, started,
+                                overrides={**overrides, **connectors.worker_overrides},
                                 kafka_version=kafka_version)
-        create_connectors(workers[0], f"bench-bounce-{side}")
+        create_connectors(workers[0], f"bench-bounce-{side}", connectors)
         wait_for(lambda: _every_task_running(workers[0]), timeout_s,
                  "every connector and task RUNNING", interval_s=0.5)
         if coordinator is not None:
@@ -353,7 +366,7 @@ def main(argv: list[str] | None = None) -> int:
                         default="sessioned", help="the workers' connect.protocol")
     parser.add_argument("--connect-version", default=None,
                         help="the Kafka release the workers run (default: the tests' "
-                             "default release; one with Connect's test connectors)")
+                             "default release; any in the pom's interop releases)")
     parser.add_argument("--settle", type=float, default=5.0,
                         help="seconds after all RUNNING in which stops and starts still count")
     parser.add_argument("--timeout", type=float, default=180.0)
@@ -372,17 +385,16 @@ def main(argv: list[str] | None = None) -> int:
         require_java()
         ensure_jars()
         ensure_jars(args.connect_version)
-        if not has_test_connectors(args.connect_version):
-            raise InteropUnavailable(f"Connect's test connectors are not published for "
-                                     f"{args.connect_version}: bench bounce runs them")
+        connectors = verifiable_connectors(args.connect_version)
     except InteropUnavailable as error:
         print(f"bench bounce: {error}", file=sys.stderr)
         return 2
     overrides = dict(SYSTEM_TEST_WORKERS)
     overrides["scheduled.rebalance.max.delay.ms"] = args.scheduled_delay_ms
     overrides["connect.protocol"] = args.protocol
-    print(f"3 workers, a VerifiableSource of {TASKS['source']} tasks and a VerifiableSink of "
-          f"{TASKS['sink']}; {args.bounces} clean bounces per side (the worker bounced: "
+    print(f"3 workers of Kafka {args.connect_version or kafka_version()}, a source of "
+          f"{TASKS['source']} tasks and a sink of {TASKS['sink']} ({connectors.source}, "
+          f"{connectors.sink}); {args.bounces} clean bounces per side (the worker bounced: "
           f"{args.bounce}); workers: "
           + ", ".join(f"{key}={value}" for key, value in overrides.items()), flush=True)
     heartbeat_s = int(str(overrides.get("heartbeat.interval.ms", 3_000))) / 1000
@@ -395,7 +407,7 @@ def main(argv: list[str] | None = None) -> int:
             for side in sides:
                 results[side] = run_side(root / side, side, broker.bootstrap, args.bounces,
                                          args.bounce, overrides, args.settle, args.timeout,
-                                         waits_s, args.connect_version)
+                                         waits_s, args.connect_version, connectors)
         finally:
             broker.stop()
     print("median       all RUNNING   stopped elsewhere   started elsewhere   "

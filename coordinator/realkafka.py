@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import hashlib
 import json
 import os
 import re
@@ -21,10 +22,12 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
 import uuid
+import zipfile
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -130,8 +133,19 @@ def require_java() -> None:
         raise InteropUnavailable("java is not installed (Debian: openjdk-17-jre-headless)")
 
 
+# Kafka 3.x brings its own SLF4J binding (reload4j, unconfigured here) beside the log4j2
+# one the pom adds; SLF4J 1.7 takes whichever the class path lists first, so with both
+# a process could log nowhere its log file is looked for. Only the log4j2 one is kept.
+OTHER_SLF4J_BINDING = re.compile(r"^slf4j-(?:reload4j|log4j12)-.*\.jar$")
+
+
 def classpath(version: str | None = None) -> str:
-    return str(ensure_jars(version) / "*")
+    folder = ensure_jars(version)
+    jars = sorted(path.name for path in folder.glob("*.jar"))
+    if not any(name.startswith("log4j-slf4j-impl-") for name in jars):
+        return str(folder / "*")
+    return os.pathsep.join(str(folder / name) for name in jars
+                           if not OTHER_SLF4J_BINDING.match(name))
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -556,6 +570,80 @@ def start_workers(root: Path, count: int, bootstrap: str, group: str,
 
 VERIFIABLE_SOURCE = "org.apache.kafka.connect.tools.VerifiableSourceConnector"
 VERIFIABLE_SINK = "org.apache.kafka.connect.tools.VerifiableSinkConnector"
+
+# The project's own pair (tests/interop/connectors), for the releases Connect's test
+# connectors are not published for: the same JSON lines on the worker's stdout (the
+# source's task number and sequence number per record; "committed" once acknowledged, the
+# sink's "flushed"), the source resuming after its last committed number.
+OWN_CONNECTORS_SOURCES = INTEROP_DIR / "connectors"
+OWN_SOURCE = "connectcoordinator.verify.SeqnoSourceConnector"
+OWN_SINK = "connectcoordinator.verify.SeqnoSinkConnector"
+OWN_CONNECTORS_JAR = "seqno-connectors.jar"
+
+
+@dataclass(frozen=True)
+class VerifiableConnectors:
+    """A source and a sink class that print the lines `verifiable_lines` reads, and what
+    the workers need to load them."""
+
+    source: str
+    sink: str
+    worker_overrides: dict[str, object] = field(default_factory=dict)
+
+
+def own_connectors_dir(version: str | None = None) -> Path:
+    """A plugin folder holding the project's own connectors compiled with `javac` against
+    a release's jars: built at the first call for a release and the current sources, then
+    kept (under tests/interop/.jars/connectors/, named by both)."""
+    version = version or kafka_version()
+    sources = sorted(OWN_CONNECTORS_SOURCES.rglob("*"))
+    files = [path for path in sources if path.is_file()]
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(str(path.relative_to(OWN_CONNECTORS_SOURCES)).encode() + b"\0")
+        digest.update(path.read_bytes() + b"\0")
+    root = INTEROP_DIR / ".jars" / "connectors"
+    folder = root / f"{version}-{digest.hexdigest()[:12]}"
+    if (folder / OWN_CONNECTORS_JAR).exists():
+        return folder
+    if shutil.which("javac") is None:
+        raise InteropUnavailable("javac is not installed (Debian: openjdk-17-jdk-headless); "
+                                 "the project's test connectors are compiled with it")
+    root.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=root, prefix=".build-") as scratch:
+        classes = Path(scratch) / "classes"
+        compiled = subprocess.run(
+            ["javac", "-nowarn", "-encoding", "UTF-8", "-cp", classpath(version),
+             "-d", str(classes),
+             *(str(path) for path in files if path.suffix == ".java")],
+            capture_output=True, text=True, timeout=300, check=False)
+        if compiled.returncode != 0:
+            raise RuntimeError(f"javac could not compile {OWN_CONNECTORS_SOURCES} against "
+                               f"Kafka {version}:\n{compiled.stdout}{compiled.stderr}")
+        built = Path(scratch) / "plugin"
+        built.mkdir()
+        resources = OWN_CONNECTORS_SOURCES / "resources"
+        with zipfile.ZipFile(built / OWN_CONNECTORS_JAR, "w") as jar:
+            for base in (classes, resources):
+                for path in sorted(base.rglob("*")):
+                    if path.is_file():
+                        jar.write(path, str(path.relative_to(base)))
+        try:
+            built.rename(folder)
+        except OSError:  # built at the same moment by another process: theirs will do
+            if not (folder / OWN_CONNECTORS_JAR).exists():
+                raise
+    return folder
+
+
+def verifiable_connectors(version: str | None = None, *, own: bool = False
+                          ) -> VerifiableConnectors:
+    """Connect's test connectors where the release has them published (and not `own`),
+    else the project's own, on the workers' plugin path."""
+    if not own and has_test_connectors(version):
+        return VerifiableConnectors(VERIFIABLE_SOURCE, VERIFIABLE_SINK)
+    return VerifiableConnectors(OWN_SOURCE, OWN_SINK,
+                                {"plugin.path": str(own_connectors_dir(version))})
 
 
 def connector_states(worker: Worker, name: str) -> dict[str, Any] | None:
