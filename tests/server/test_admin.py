@@ -77,6 +77,15 @@ async def test_unknown_group_and_connector(server: ServerHandle) -> None:
     assert_error_body(status, body, 404)
 
 
+
+async def _refused_on_a_connector_of_two_tasks(server: ServerHandle, raw: bytes) -> Any:
+    """PUT `raw` to connector a of group g (two tasks): a 400; the group as it was before."""
+    await http(server, "PUT", "/groups/g/connectors/a", {"tasks": 2})
+    before = (await http(server, "GET", "/groups/g"))[1]
+    status, body = await http(server, "PUT", "/groups/g/connectors/a", raw=raw)
+    assert_error_body(status, body, 400)
+    return before
+
 @pytest.mark.parametrize(
     ("raw", "why"),
     [
@@ -96,10 +105,7 @@ async def test_unknown_group_and_connector(server: ServerHandle) -> None:
 async def test_bad_connector_bodies_change_nothing(
     server: ServerHandle, raw: bytes, why: str
 ) -> None:
-    await http(server, "PUT", "/groups/g/connectors/a", {"tasks": 2})
-    before = (await http(server, "GET", "/groups/g"))[1]
-    status, body = await http(server, "PUT", "/groups/g/connectors/a", raw=raw)
-    assert_error_body(status, body, 400)
+    before = await _refused_on_a_connector_of_two_tasks(server, raw)
     status, body = await http(server, "PUT", "/groups/g/connectors/b", raw=raw)
     assert_error_body(status, body, 400)
     assert (await http(server, "GET", "/groups/g"))[1] == before, why
@@ -346,8 +352,5 @@ async def test_one_connector_or_the_list_of_a_group_not_there_is_a_404(
 async def test_bad_connector_configs_change_nothing(
     server: ServerHandle, raw: bytes, why: str
 ) -> None:
-    await http(server, "PUT", "/groups/g/connectors/a", {"tasks": 2})
-    before = (await http(server, "GET", "/groups/g"))[1]
-    status, body = await http(server, "PUT", "/groups/g/connectors/a", raw=raw)
-    assert_error_body(status, body, 400)
+    before = await _refused_on_a_connector_of_two_tasks(server, raw)
     assert (await http(server, "GET", "/groups/g"))[1] == before, why
