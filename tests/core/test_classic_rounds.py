@@ -23,6 +23,8 @@ from tests.core.test_classic_bridge import (
     ClassicWorker,
     E,
     RememberingWorker,
+    allocations,
+    cooperative,
     no_double_holding,
     run,
 )
@@ -153,3 +155,84 @@ def test_an_eager_bounce_takes_the_brokers_two_rounds() -> None:
     _workers, others, bumps = follower_bounce(ctx, EagerWorker)
     assert [w.joins for w in others] == [2, 2], bumps  # type: ignore[attr-defined]
     assert not [trigger for trigger in bumps if trigger.startswith("assignors_changed")], bumps
+
+
+DELAY_MS = 10_000
+
+
+class DelayingWorker(CooperativeWorker):
+    """A sessioned worker with Connect's scheduled rebalance delay: as the leader it holds
+    a departed worker's units back for `DELAY_MS` (telling every member the time left),
+    and any worker told a delay rejoins when it is over, for the leader to hand them out."""
+
+    def __init__(self, ctx: ClassicContext, name: str) -> None:
+        super().__init__(ctx, name)
+        self.previous: dict[str, frozenset[object]] = {}
+        self.scheduled_ms: int | None = None
+        self.rejoin_at_ms: int | None = None
+
+    def step(self) -> None:
+        if self.rejoin_at_ms is not None and self.ctx.now >= self.rejoin_at_ms \
+                and not (self.joining or self.waiting):
+            self.rejoin_at_ms = None
+            self.rejoin = True
+        super().step()
+
+    def _assign(self, answer: JoinAnswer) -> dict[str, bytes]:
+        if self.assigned_in is not None and self.assigned_in != self.completed:
+            self.forgot.append((self.assigned_in, self.completed))
+        self.assigned_in = answer.generation
+        owned = allocations(answer)
+        now = self.ctx.now
+        lost: frozenset[object] = frozenset().union(
+            *(units for member, units in self.previous.items() if member not in owned))
+        lost -= frozenset().union(*owned.values())
+        delay, held_back = 0, frozenset()
+        if lost and (self.scheduled_ms is None or now < self.scheduled_ms):
+            if self.scheduled_ms is None:
+                self.scheduled_ms = now + DELAY_MS
+            delay, held_back = self.scheduled_ms - now, lost
+        else:
+            self.scheduled_ms = None
+        parts = {member: ConnectAssignment(2, leader=self.member_id,
+                                           assigned=part.assigned - held_back,
+                                           revoked=part.revoked, delay_ms=delay)
+                 for member, part in cooperative(owned, self.member_id).items()}
+        self.previous = {m: (owned[m] - parts[m].revoked) | parts[m].assigned
+                         for m in owned}
+        if held_back:  # (still the departed worker's, for the next leader's view)
+            self.previous["departed"] = held_back
+        return {m: encode_assignment(a) for m, a in parts.items()}
+
+    def _synced(self, synced: SyncAnswer) -> None:
+        if isinstance(synced, SyncAnswer) and synced.error == E.NONE:
+            delay = decode_assignment(synced.assignment).delay_ms
+            if delay > 0:
+                self.rejoin_at_ms = self.ctx.now + delay
+        super()._synced(synced)
+
+
+def test_a_follower_told_the_delay_is_not_called_back_for_it() -> None:
+    """A follower back within the leader's scheduled delay: a broker's rounds are the
+    leave's, the return's and the one when the delay is over (the units held back go
+    out). A worker whose SyncGroup answer told it the target and its delay has nothing
+    to learn from a rejoin, even when its epoch moved on in that answer."""
+    ctx = ClassicContext(classic_group_type="connect")
+    ctx.apply(ctx.core.put_connector("g", "A", 3, ctx.now))
+    ctx.apply(ctx.core.put_connector("g", "B", 2, ctx.now))
+    workers = [DelayingWorker(ctx, f"w{n}") for n in (1, 2, 3)]
+    run(ctx, workers, 30)
+    assert frozenset().union(*(w.held for w in workers)) == UNITS
+    group = ctx.core.store.groups["g"]
+    bounced = next(w for w in workers if w.member_id != group.chosen_member)
+    others = [w for w in workers if w is not bounced]
+    for worker in others:
+        worker.joins = 0
+    ctx.leave((bounced.member_id, None))
+    workers.remove(bounced)
+    run(ctx, workers, 5)
+    workers.append(DelayingWorker(ctx, "w4"))
+    run(ctx, workers, 40)
+    assert frozenset().union(*(w.held for w in workers)) == UNITS
+    no_double_holding(workers, {})
+    assert [w.joins for w in others] == [3, 3], [w.joins for w in others]

@@ -567,8 +567,7 @@ class ClassicBridge:
                 session = self._session_from_now(request.group_id, request.member_id, now_ms)
                 return Result(Parked((SYNC, request.group_id, request.member_id)),
                               timers=[timer, *session])
-        answered = self._answer_sync(request.group_id, request.member_id, request.generation,
-                                     now_ms)
+        answered = self._answer_sync(request.group_id, request.member_id, now_ms)
         results.append(answered)
         return _merge(results, answered.response)
 
@@ -703,8 +702,8 @@ class ClassicBridge:
             [member_id] if member_id in waiting else []
         results: list[Result[Any]] = []
         for waiter in members:
-            generation, _until = waiting.pop(waiter)
-            answered = self._answer_sync(group_id, waiter, generation, now_ms)
+            waiting.pop(waiter)
+            answered = self._answer_sync(group_id, waiter, now_ms)
             answered.releases.append(((SYNC, group_id, waiter), answered.response))
             answered.timers.append(TimerCancel((SYNC_WAIT_TIMER, group_id, waiter)))
             results.append(answered)
@@ -792,8 +791,8 @@ class ClassicBridge:
                 protocol = self.store.bridged[(group_id, member_id)].protocol_name
                 self._held_joins.setdefault(group_id, {})[member_id] = (protocol, 0)
 
-    def _answer_sync(self, group_id: str, member_id: str, generation: int,
-                     now_ms: int) -> Result[SyncAnswer]:
+    def _answer_sync(self, group_id: str, member_id: str, now_ms: int
+                     ) -> Result[SyncAnswer]:
         """A SyncGroup's answer: the member's reconciled assignment in Connect's terms."""
         group = self.core.store.groups.get(group_id)
         member = group.members.get(member_id) if group is not None else None
@@ -820,12 +819,13 @@ class ClassicBridge:
             told = ConnectAssignment(version, 0, leader, leader_url, offset,
                                      now_holds - allocation, allocation - now_holds,
                                      self._delay_left(group, member_id, now_ms))
-        # The generation the worker goes on with: its JoinGroup's, even when the sync
-        # moved its epoch on (then its next heartbeat has it rejoin).
+        # The epoch whose assignment (and delay) this answer tells, which may be past the
+        # generation the worker goes on with (its JoinGroup's): told everything of it, the
+        # worker has nothing to learn from a rejoin for that epoch alone.
         value = ClassicBridgeMemberValue(
             protocol_name=bridged.protocol_name, session_timeout_ms=bridged.session_timeout_ms,
             config_offset=bridged.config_offset, allocation=bridged.allocation,
-            told_epoch=generation, told=_units_bytes(now_holds))
+            told_epoch=member.current.epoch, told=_units_bytes(now_holds))
         record = bridge_record(group_id, member_id, value)
         results.append(Result(None, [record], undo=[self.store.current_record(record.key)]))
         self.store.replay(record)
@@ -972,8 +972,7 @@ class ClassicBridge:
             # Rejoin now, its SyncGroup then waiting for the assignment being computed.
             or self._may_wait(group, member.member_id)
             or current.assigned != self._told(bridged.told)
-            or ((current.epoch != bridged.told_epoch or current.epoch != request.generation)
-                and not at_target)
+            or (current.epoch != bridged.told_epoch and not at_target)
         )
         return _merge(results, HeartbeatAnswer(
             ErrorCode.REBALANCE_IN_PROGRESS if must_rejoin else ErrorCode.NONE))
