@@ -236,3 +236,49 @@ def test_a_follower_told_the_delay_is_not_called_back_for_it() -> None:
     assert frozenset().union(*(w.held for w in workers)) == UNITS
     no_double_holding(workers, {})
     assert [w.joins for w in others] == [3, 3], [w.joins for w in others]
+
+
+class LateSyncEagerWorker(EagerWorker):
+    """An eager worker whose SyncGroup reaches the coordinator only at its next step: after
+    the leader's, whose install may have moved this worker's epoch on meanwhile (it runs
+    nothing, so nothing holds it back). Records each SyncGroup's error."""
+
+    def __init__(self, ctx: ClassicContext, name: str) -> None:
+        super().__init__(ctx, name)
+        self.sync_errors: list[int] = []
+        self.to_sync = False
+
+    def step(self) -> None:
+        if self.to_sync:
+            self.to_sync = False
+            synced = self.ctx.sync(self.member_id, self.generation, assignments={})
+            if isinstance(synced, Parked):
+                self.waiting = True
+                return
+            self._synced(synced)
+            return
+        super().step()
+
+    def _joined(self, answer: JoinAnswer) -> None:
+        if answer.error != E.NONE or answer.leader == answer.member_id:
+            super()._joined(answer)
+            return
+        self.joins += 1
+        self.generation = answer.generation
+        self.to_sync = True
+
+    def _synced(self, synced: SyncAnswer) -> None:
+        self.sync_errors.append(synced.error)
+        super()._synced(synced)
+
+
+def test_an_eager_followers_late_sync_is_answered_at_its_join_generation() -> None:
+    """The leader's install moves an eager follower that runs nothing to the new epoch at
+    once; its SyncGroup, sent with its JoinGroup's generation, arriving after that install
+    is answered with its part, not ILLEGAL_GENERATION (one more JoinGroup each time, every
+    task stopped once more)."""
+    ctx = ClassicContext(classic_group_type="connect")
+    _workers, others, bumps = follower_bounce(ctx, LateSyncEagerWorker)
+    errors = [e for w in others for e in w.sync_errors]  # type: ignore[attr-defined]
+    assert E.ILLEGAL_GENERATION not in errors, errors
+    assert [w.joins for w in others] == [2, 2], bumps  # type: ignore[attr-defined]

@@ -541,11 +541,17 @@ class ClassicBridge:
         bridged = self.store.bridged.get((request.group_id, request.member_id))
         if group is None or member is None or bridged is None:
             return Result(SyncAnswer(ErrorCode.UNKNOWN_MEMBER_ID))
-        if request.generation != member.current.epoch:
+        prepared = group.prepared
+        installs = group.chosen_member == request.member_id and prepared is not None
+        # A SyncGroup carries its JoinGroup's generation. The member's epoch may have moved
+        # on since (an install in between took what it released): the answer tells what it
+        # may run now, so that generation is as good, and refusing it would cost a round.
+        # The worker that installs must sync at its epoch: its assignment is for it.
+        if request.generation > member.current.epoch \
+                or (installs and request.generation != member.current.epoch):
             return Result(SyncAnswer(ErrorCode.ILLEGAL_GENERATION))
         results: list[Result[Any]] = []
-        prepared = group.prepared
-        if group.chosen_member == request.member_id and prepared is not None:
+        if installs and prepared is not None:
             installed = self._install(group, request, prepared.group_epoch, now_ms)
             results.append(installed)
             if installed.response is not None:
