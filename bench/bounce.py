@@ -246,7 +246,14 @@ def bounce(workers: list[Worker], index: int, settle_s: float, timeout_s: float)
              timeout_s, "every connector and task RUNNING after the bounce", interval_s=0.25,
              explain=lambda: _describe_progress(watcher, workers, moving, began - 1))
     seconds = time.time() - began
-    time.sleep(settle_s)  # stops and starts that follow the moment all ran count too
+    # Its rounds end with the bounced worker's return: counted until it rejoined the group
+    # and every task runs again (an eager group stops everything once more then), plus a
+    # settling time for the stops, starts and JoinGroups that follow.
+    wait_for(lambda: joins_in(workers[index], began, time.time()) > 0, timeout_s,
+             "the bounced worker back in the group", interval_s=0.25)
+    wait_for(lambda: _every_task_running(watcher), timeout_s,
+             "every connector and task RUNNING after the return", interval_s=0.25)
+    time.sleep(settle_s)
     wait_answering(workers[index])
     stopped = started = joins = 0
     moved: list[str] = []
