@@ -369,10 +369,13 @@ class RememberingWorker(ClassicWorker):
                 return
 
     def _assign(self, answer: JoinAnswer) -> dict[str, bytes]:
+        self._note_assigning(answer)
+        return super()._assign(answer)
+
+    def _note_assigning(self, answer: JoinAnswer) -> None:
         if self.assigned_in is not None and self.assigned_in != self.completed:
             self.forgot.append((self.assigned_in, self.completed))
         self.assigned_in = answer.generation
-        return super()._assign(answer)
 
     def _synced(self, synced: SyncAnswer) -> None:
         if isinstance(synced, SyncAnswer) and synced.error == E.NONE:

@@ -179,9 +179,7 @@ class DelayingWorker(CooperativeWorker):
         super().step()
 
     def _assign(self, answer: JoinAnswer) -> dict[str, bytes]:
-        if self.assigned_in is not None and self.assigned_in != self.completed:
-            self.forgot.append((self.assigned_in, self.completed))
-        self.assigned_in = answer.generation
+        self._note_assigning(answer)
         owned = allocations(answer)
         now = self.ctx.now
         lost: frozenset[object] = frozenset().union(
@@ -218,24 +216,8 @@ def test_a_follower_told_the_delay_is_not_called_back_for_it() -> None:
     out). A worker whose SyncGroup answer told it the target and its delay has nothing
     to learn from a rejoin, even when its epoch moved on in that answer."""
     ctx = ClassicContext(classic_group_type="connect")
-    ctx.apply(ctx.core.put_connector("g", "A", 3, ctx.now))
-    ctx.apply(ctx.core.put_connector("g", "B", 2, ctx.now))
-    workers = [DelayingWorker(ctx, f"w{n}") for n in (1, 2, 3)]
-    run(ctx, workers, 30)
-    assert frozenset().union(*(w.held for w in workers)) == UNITS
-    group = ctx.core.store.groups["g"]
-    bounced = next(w for w in workers if w.member_id != group.chosen_member)
-    others = [w for w in workers if w is not bounced]
-    for worker in others:
-        worker.joins = 0
-    ctx.leave((bounced.member_id, None))
-    workers.remove(bounced)
-    run(ctx, workers, 5)
-    workers.append(DelayingWorker(ctx, "w4"))
-    run(ctx, workers, 40)
-    assert frozenset().union(*(w.held for w in workers)) == UNITS
-    no_double_holding(workers, {})
-    assert [w.joins for w in others] == [3, 3], [w.joins for w in others]
+    _workers, others, _bumps = follower_bounce(ctx, DelayingWorker)
+    assert [w.joins for w in others] == [3, 3], [w.joins for w in others]  # type: ignore[attr-defined]
 
 
 class LateSyncEagerWorker(EagerWorker):
